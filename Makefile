@@ -1,0 +1,30 @@
+# The README's two commands: `make test` and `make demo`. Both create .venv and install what they need.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install test demo lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# Without CUDA, take the CPU build of PyTorch (a looser pin would pull a multi-GB CUDA build).
+	if ! command -v nvidia-smi >/dev/null 2>&1 && ! $(PY) -c "import torch" 2>/dev/null; then \
+		$(PY) -m pip install -q torch==2.13.0; fi
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q
+
+demo: $(STAMP)
+	$(VENV)/bin/elastic-bench demo
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,230 @@
+"""The Hugging Face glue: one attention function registered with transformers' AttentionInterface, and `apply`.
+
+Design decisions:
+- No modeling file is copied. `apply(method, model)` registers the ``"elastic_bench"`` attention and mask functions
+  (idempotently), switches the model to them, and restores the previous implementation on exit. Any model whose
+  attention modules call the interface and have ``layer_idx`` and ``k_proj`` works (Llama, Qwen2/3, Mistral).
+- The registered mask function passes the 2-D padding mask through (or None); causality and sparsity live in the
+  kernel. Left-padded rows and packed sequences (``cu_seq_lens_q/k`` kwargs, batch 1) are planned and computed one
+  sample at a time, so each prompt is routed on its own tokens.
+- Pre-RoPE keys (the Elastic router's input) are captured by forward hooks on ``k_norm`` (Qwen3) or ``k_proj``, only
+  for methods that ask for them.
+- The active handle is attached to each attention module for the duration of `apply`; nothing is global.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from elastic_bench.kernels import hybrid_attention, pair_counts
+from elastic_bench.methods import AttentionCall, Method
+from elastic_bench.sparsity import SparsityMeter
+
+ATTN_NAME = "elastic_bench"
+_HANDLE = "_elastic_bench_handle"
+_KEYS = "_elastic_bench_pre_rope_keys"
+
+
+def padding_mask(
+    batch_size: int, q_length: int, kv_length: int, attention_mask: torch.Tensor | None = None, **kwargs: Any
+) -> torch.Tensor | None:
+    """Mask function registered with ``AttentionMaskInterface``: the 2-D padding mask ``[B, kv_length]`` (bool), or
+    None when no token is padding."""
+    if attention_mask is None:
+        return None
+    mask = attention_mask[:, -kv_length:].bool()
+    return None if bool(mask.all()) else mask
+
+
+def attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention function registered as ``"elastic_bench"``: ``query [B, Hq, Lq, D]``, ``key/value [B, H, Lk, D]``
+    → ``([B, Lq, Hq, D], None)``."""
+    handle: MethodHandle | None = getattr(module, _HANDLE, None)
+    if handle is None:
+        raise RuntimeError("the model uses elastic_bench attention outside `elastic_bench.apply(method, model)`")
+    if dropout:
+        raise ValueError("elastic_bench attention does not implement attention dropout")
+    window = kwargs.get("sliding_window")
+    if window is not None and window < key.shape[2]:
+        raise NotImplementedError("sliding-window layers are not supported by elastic_bench attention")
+    out = handle.attend(module, query, key, value, attention_mask, scaling, kwargs)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_attention() -> None:
+    """Register the ``"elastic_bench"`` attention and mask functions with transformers (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(ATTN_NAME, attention_forward)
+    AttentionMaskInterface.register(ATTN_NAME, padding_mask)
+
+
+def attention_modules(model: nn.Module) -> list[nn.Module]:
+    """The attention modules of ``model`` in layer order (modules with ``layer_idx`` and ``k_proj``)."""
+    found = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "k_proj")]
+    if not found:
+        raise ValueError(
+            f"{type(model).__name__} has no attention modules with `layer_idx` and `k_proj`; elastic-bench supports "
+            "models whose attention calls transformers' AttentionInterface (Llama, Qwen2/3, Mistral, ...)"
+        )
+    return sorted(found, key=lambda m: m.layer_idx)
+
+
+class MethodHandle:
+    """What `apply` returns: the active method, its statistics and its per-layer decisions."""
+
+    def __init__(self, method: Method, model: nn.Module, backend: str):
+        self.method, self.model, self.backend = method, model, backend
+        self.meter = SparsityMeter()
+
+    def reset(self) -> None:
+        """Forget the samples recorded so far (call between prompts)."""
+        self.meter.reset()
+
+    def stats(self) -> dict[str, Any]:
+        """``omega_msr``, ``omega_esr``, ``omega_esr_last_row`` (means over samples), ``per_sample`` values, and the
+        method's own statistics."""
+        per_sample = self.meter.per_sample()
+        means = {
+            key: sum(s[key] for s in per_sample) / len(per_sample) if per_sample else float("nan")
+            for key in ("omega_msr", "omega_esr", "omega_esr_last_row")
+        }
+        return {**means, "num_samples": len(per_sample), "per_sample": per_sample, **self.method.extra_stats()}
+
+    def decisions(self) -> torch.Tensor:
+        """Prefill modes ``[N, L, H]`` (`Mode` values) of the N samples recorded since the last reset."""
+        return self.meter.decisions()
+
+    def attend(
+        self,
+        module: nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None,
+        scaling: float | None,
+        kwargs: dict[str, Any],
+    ) -> torch.Tensor:
+        """Plan and compute one layer's attention; returns ``[B, Hq, Lq, D]``."""
+        keys = getattr(module, _KEYS, None) if self.method.needs_pre_rope_keys else None
+        pieces = _pieces(query, key, mask, kwargs)
+        if pieces is None:
+            call = AttentionCall(module, query, key, value, keys, list(range(query.shape[0])))
+            return self._compute(call, scaling)
+        out = torch.zeros_like(query)
+        for sample, row, q_sl, k_sl in pieces:
+            if q_sl.start >= q_sl.stop:  # a fully padded row
+                continue
+            sub_keys = keys[row : row + 1, :, q_sl] if keys is not None else None
+            call = AttentionCall(
+                module, query[row : row + 1, :, q_sl], key[row : row + 1, :, k_sl], value[row : row + 1, :, k_sl],
+                sub_keys, [sample],
+            )
+            out[row : row + 1, :, q_sl] = self._compute(call, scaling)
+        return out
+
+    def _compute(self, call: AttentionCall, scaling: float | None) -> torch.Tensor:
+        plan = self.method.plan(call)
+        if call.phase != "decode":
+            counts = pair_counts(plan, call.query.shape[2], call.key.shape[2], call.query.shape[1])
+            self.meter.record(call.layer_idx, call.phase, call.sample_ids, plan, counts)
+        return hybrid_attention(call.query, call.key, call.value, plan, scale=scaling, backend=self.backend)
+
+
+def _pieces(query, key, mask, kwargs) -> list[tuple[int, int, slice, slice]] | None:
+    """Split a padded or packed batch into (sample, row, query slice, key slice) pieces; None for a plain batch."""
+    B, _, Lq, _ = query.shape
+    Lk = key.shape[2]
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is not None:
+        if B != 1 or Lq != Lk or not torch.equal(cu_q, cu_k):
+            raise ValueError("packed sequences (cu_seq_lens_q/k) are supported for a one-shot prefill of batch 1")
+        bounds = cu_q.tolist()
+        return [(i, 0, slice(s, e), slice(s, e)) for i, (s, e) in enumerate(zip(bounds[:-1], bounds[1:]))]
+    if mask is None:
+        return None
+    if mask.dim() != 2:
+        raise ValueError(f"elastic_bench attention takes a 2-D padding mask, got shape {tuple(mask.shape)}")
+    pieces = []
+    for row in range(B):
+        valid = mask[row]
+        start = int(valid.int().argmax()) if bool(valid.any()) else Lk
+        if not bool(valid[start:].all()):
+            raise ValueError("elastic_bench attention needs left padding (padding_side='left')")
+        pieces.append((row, row, slice(max(0, start - (Lk - Lq)), Lq), slice(start, Lk)))
+    return pieces
+
+
+def _capture_keys(module: nn.Module, num_kv_heads: int, head_dim: int):
+    def hook(_, __, output: torch.Tensor) -> None:
+        B, L = output.shape[:2]
+        keys = output.detach().view(B, L, num_kv_heads, head_dim).transpose(1, 2)
+        setattr(module, _KEYS, keys)
+
+    return hook
+
+
+@contextmanager
+def apply(method: Method, model: nn.Module, backend: str = "auto") -> Iterator[MethodHandle]:
+    """Run ``model`` with ``method`` inside the block; restores the previous attention implementation on exit.
+
+    Args:
+        method: a method from `elastic_bench.methods.get`.
+        model: a loaded transformers causal LM.
+        backend: kernel backend for `hybrid_attention` (``"auto"``, ``"reference"``, ``"triton"``, ...).
+
+    Yields:
+        A `MethodHandle`: ``handle.stats()`` gives ΩMSR/ΩESR, ``handle.decisions()`` the per-layer modes.
+
+    Example::
+
+        with apply(methods.get("streaming", local=1024), model) as handle:
+            model.generate(**inputs, max_new_tokens=32)
+        print(handle.stats()["omega_esr"])
+    """
+    register_attention()
+    modules = attention_modules(model)
+    handle = MethodHandle(method, model, backend)
+    previous = model.config._attn_implementation
+    hooks = [model.register_forward_pre_hook(lambda *_: handle.meter.new_forward())]
+    method.setup(model)
+    try:
+        for module in modules:
+            setattr(module, _HANDLE, handle)
+            if method.needs_pre_rope_keys:
+                source = module.k_norm if hasattr(module, "k_norm") else module.k_proj
+                capture = _capture_keys(module, module.config.num_key_value_heads, module.head_dim)
+                hooks.append(source.register_forward_hook(capture))
+        _set_attn_implementation(model, ATTN_NAME)
+        yield handle
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for module in modules:
+            for attr in (_HANDLE, _KEYS):
+                if hasattr(module, attr):
+                    delattr(module, attr)
+        _set_attn_implementation(model, previous)
+        method.teardown(model)
+
+
+def _set_attn_implementation(model: nn.Module, name: str) -> None:
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(name)
+    else:  # transformers < 4.54
+        model.config._attn_implementation = name

@@ -1,0 +1,190 @@
+"""The ``elastic-bench`` command line.
+
+Every subcommand has ``--help``; heavy imports happen inside the handlers so help is instant. Errors a user can
+cause (unknown names, bad values, missing files) end with one line on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _lengths(value: str) -> list[int]:
+    try:
+        return [_tokens(v) for v in _csv(value)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"lengths must be token counts like 1024,4K,128K; got {value!r}") from None
+
+
+def _tokens(value: str) -> int:
+    value = value.strip().upper()
+    return int(value[:-1]) * 1024 if value.endswith("K") else int(value)
+
+
+def _method_options(items: list[str]) -> dict[str, dict[str, Any]]:
+    import yaml
+
+    options: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        method, dot, option = key.partition(".")
+        if not sep or not dot or not option:
+            raise ValueError(f"method options look like METHOD.OPTION=VALUE (e.g. streaming.local=256); got {item!r}")
+        options.setdefault(method, {})[option] = yaml.safe_load(raw)
+    return options
+
+
+# ---- run ---------------------------------------------------------------------------------------------------------
+
+
+def _add_run(sub) -> None:
+    p = sub.add_parser(
+        "run",
+        help="evaluate methods × tasks × lengths on a model and write results",
+        description="Evaluate every (method, task, length) cell on one model. Each cell writes config.json, "
+        "predictions.jsonl and metrics.json under OUTPUT/<model>/<method>/<task>/<length>/; complete cells are "
+        "skipped on re-run and interrupted ones resume.",
+    )
+    p.add_argument("--config", help="YAML file with RunConfig fields; flags below override it")
+    p.add_argument("--model", help="tiny:qwen3, tiny:llama, testbed, a local path or a hub id (default tiny:qwen3)")
+    p.add_argument("--methods", type=_csv, help="comma-separated method names (see `elastic-bench methods`)")
+    p.add_argument(
+        "-O", "--method-option", action="append", default=[], metavar="METHOD.OPTION=VALUE",
+        help="a method knob, e.g. -O streaming.local=256 (repeatable)",
+    )
+    p.add_argument("--tasks", type=_csv, help="comma-separated task or group names (see `elastic-bench tasks`)")
+    p.add_argument("--lengths", type=_lengths, help="comma-separated target lengths in tokens, e.g. 4K,8K")
+    p.add_argument("--limit", type=int, help="samples per task and length")
+    p.add_argument("--seed", type=int, help="sample-generation seed (default 42)")
+    p.add_argument("--output", help="run folder (default runs/latest)")
+    p.add_argument("--backend", help="kernel backend: auto (default), reference, triton, flex, ...")
+    p.add_argument("--device", help="cuda, cpu, cuda:1, ... (default: cuda when available)")
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], help="model dtype")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.set_defaults(handler=_run)
+
+
+def _run(args) -> int:
+    from elastic_bench.runner import RunConfig, format_rows, run
+
+    overrides = {
+        "model": args.model, "methods": args.methods, "tasks": args.tasks, "lengths": args.lengths,
+        "limit": args.limit, "seed": args.seed, "output": args.output, "backend": args.backend,
+        "device": args.device, "dtype": args.dtype,
+        "method_options": _method_options(args.method_option) or None,
+    }
+    if args.config:
+        config = RunConfig.from_yaml(args.config, **overrides)
+    else:
+        config = RunConfig(**{k: v for k, v in overrides.items() if v is not None})
+    rows = run(config, progress=not args.no_progress)
+    print(format_rows(rows))
+    print(f"results: {config.output}")
+    return 0 if all(r["status"] == "complete" for r in rows) else 1
+
+
+# ---- listings ----------------------------------------------------------------------------------------------------
+
+
+def _add_listings(sub) -> None:
+    p = sub.add_parser("methods", help="list registered methods and their options",
+                       description="List the registered sparse-attention methods with their options and defaults.")
+    p.set_defaults(handler=_list_methods)
+    p = sub.add_parser("tasks", help="list registered tasks and groups",
+                       description="List the registered tasks and the groups usable in `run --tasks`.")
+    p.set_defaults(handler=_list_tasks)
+
+
+def _list_methods(args) -> int:
+    import dataclasses
+
+    from elastic_bench import methods
+
+    for name in methods.names():
+        cls = methods.REGISTRY.get(name)
+        options = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls))
+        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        print(f"{name:16s} {doc}")
+        if options:
+            print(f"{'':16s}   options: {options}")
+    return 0
+
+
+def _list_tasks(args) -> int:
+    from elastic_bench import tasks
+
+    for name in tasks.names():
+        print(name)
+    for group, members in sorted(tasks.GROUPS.items()):
+        print(f"group {group}: {len(members)} tasks")
+    return 0
+
+
+# ---- demo --------------------------------------------------------------------------------------------------------
+
+
+def _add_demo(sub) -> None:
+    p = sub.add_parser(
+        "demo", help="a small fixed run on the embedded default model",
+        description="Evaluate every registered method on a small fixed set of tasks and lengths with the embedded "
+        "default model, and print where the results are.",
+    )
+    p.add_argument("--output", default="runs/demo", help="run folder (default runs/demo)")
+    p.add_argument("--limit", type=int, default=3, help="samples per task and length (default 3)")
+    p.set_defaults(handler=_demo)
+
+
+def _demo(args) -> int:
+    from elastic_bench import methods
+    from elastic_bench.runner import RunConfig, format_rows, run
+
+    config = RunConfig(
+        model="tiny:qwen3", methods=methods.names(), tasks=["ruler_niah_single_1"], lengths=[1024, 2048],
+        limit=args.limit, output=args.output,
+    )
+    rows = run(config)
+    print(format_rows(rows))
+    print(f"demo results written to {config.output}")
+    return 0 if all(r["status"] == "complete" for r in rows) else 1
+
+
+# ---- entry point -------------------------------------------------------------------------------------------------
+
+COMMANDS: list[Callable[[Any], None]] = [_add_run, _add_listings, _add_demo]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="elastic-bench",
+        description="Evaluate long-context sparse-attention methods (Elastic Attention, DuoAttention, PruLong, "
+        "XAttention, streaming, full) on real LLMs with official scoring and exact sparsity accounting.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from elastic_bench.registry import UnknownNameError
+
+    try:
+        return args.handler(args)
+    except (UnknownNameError, ValueError, FileNotFoundError, NotImplementedError) as err:
+        print(f"elastic-bench: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("elastic-bench: interrupted; results written so far are kept", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

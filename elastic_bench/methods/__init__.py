@@ -1,0 +1,10 @@
+"""Registered sparse-attention methods: ``methods.get(name, **knobs)``, ``methods.names()``.
+
+Adding a method: a dataclass subclassing `Method` in its own module here, decorated with ``@register("name")``,
+imported below, with a test in ``tests/test_methods.py`` and a line in the README.
+"""
+
+from . import full, streaming  # noqa: F401  (registration)
+from .base import REGISTRY, AttentionCall, Method, Phase, get, names, register
+
+__all__ = ["REGISTRY", "AttentionCall", "Method", "Phase", "get", "names", "register"]

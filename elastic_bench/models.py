@@ -1,0 +1,136 @@
+"""Model loading: a local path or hub id, the tiny random models ``tiny:qwen3`` / ``tiny:llama``, or ``testbed``.
+
+The tiny models are random weights from a small config (seeded), with a byte-level tokenizer built offline: they
+need no download and exist for tests and smoke runs. ``testbed`` is the project's own small long-context model,
+shipped inside the package.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from elastic_bench.registry import did_you_mean
+
+TESTBED_DIR = Path(__file__).parent / "data" / "testbed"
+TINY_ARCHITECTURES = ("qwen3", "llama")
+NAMED_MODELS = [*(f"tiny:{a}" for a in TINY_ARCHITECTURES), "testbed"]
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def load_model(spec: str, dtype: torch.dtype | None = None, device: str | torch.device | None = None):
+    """Load ``(model, tokenizer)`` for ``spec``.
+
+    Args:
+        spec: ``tiny:qwen3``, ``tiny:llama``, ``testbed``, a local directory, or a Hugging Face hub id.
+        dtype: weights dtype; bf16 on CUDA and fp32 on CPU by default.
+        device: ``"cuda"``, ``"cpu"``, ...; CUDA when available by default.
+
+    Returns:
+        The model in eval mode with ``attn_implementation="sdpa"``, and its tokenizer.
+    """
+    device = torch.device(device) if device is not None else default_device()
+    dtype = dtype or default_dtype(device)
+    if spec.startswith("tiny:"):
+        arch = spec.removeprefix("tiny:")
+        if arch not in TINY_ARCHITECTURES:
+            raise did_you_mean("model", spec, NAMED_MODELS)
+        model, tokenizer = tiny_model(arch), byte_tokenizer()
+        model.to(device=device, dtype=dtype)
+    else:
+        path = _resolve_path(spec)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device)
+    model.eval()
+    return model, tokenizer
+
+
+def _resolve_path(spec: str) -> str:
+    if spec == "testbed":
+        if not (TESTBED_DIR / "config.json").exists():
+            raise FileNotFoundError(f"the testbed checkpoint is missing from this installation ({TESTBED_DIR})")
+        return str(TESTBED_DIR)
+    if Path(spec).exists():
+        if not (Path(spec) / "config.json").exists():
+            raise FileNotFoundError(f"{spec} is a path but holds no config.json: not a transformers model directory")
+        return spec
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
+        return spec  # a hub id; transformers reports a clear error when it cannot be reached
+    raise did_you_mean("model", spec, NAMED_MODELS + ["<local path>", "<hub org/name>"])
+
+
+def model_label(spec: str) -> str:
+    """A folder-safe name for ``spec`` (``tiny:qwen3`` → ``tiny-qwen3``, ``org/name`` → ``org--name``)."""
+    if Path(spec).exists():
+        spec = Path(spec).resolve().name
+    return spec.replace("tiny:", "tiny-").replace("/", "--")
+
+
+def tiny_model(arch: str, seed: int = 0):
+    """A 2-layer random model (4 query / 2 KV heads of dim 16) of the given architecture."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+    common = dict(
+        vocab_size=ByteTokenizerSpec.vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=1 << 18,
+        rope_theta=1e6,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=ByteTokenizerSpec.eos_id,
+        pad_token_id=ByteTokenizerSpec.pad_id,
+        attn_implementation="sdpa",
+    )
+    config = Qwen3Config(**common) if arch == "qwen3" else LlamaConfig(**common)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(config)
+
+
+class ByteTokenizerSpec:
+    """Byte-level vocabulary: 256 byte tokens, then the special tokens."""
+
+    specials = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+    vocab_size = 256 + len(specials)
+    pad_id = 256
+    eos_id = 258
+
+
+def byte_tokenizer():
+    """An offline byte-level tokenizer (259 tokens) with a ChatML chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    backend = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(list(ByteTokenizerSpec.specials))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=CHATML_TEMPLATE,
+        model_max_length=1 << 18,
+    )

@@ -1,0 +1,243 @@
+"""The evaluation runner: cells = model × method × task × length, each written to the results store.
+
+Design decisions:
+- Config layering: `RunConfig` defaults → YAML file → CLI overrides, validated in ``__post_init__`` (unknown
+  methods, method options and tasks fail before the model loads).
+- Samples of a (task, length) are generated once and shared by every method, so methods see identical prompts.
+- One prompt at a time (batch 1, the paper's setting), greedy, with the prefill timed on its own.
+- A cell that fails (out of memory, a malformed record, a missing corpus) is recorded as failed with its error; the
+  run goes on. Complete cells are skipped; interrupted cells resume from their last written prediction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from elastic_bench import methods
+from elastic_bench import tasks as task_registry
+from elastic_bench.results import Cell
+
+
+@dataclass
+class RunConfig:
+    """What to evaluate.
+
+    Attributes:
+        model: model spec (``tiny:qwen3``, ``testbed``, a local path or hub id).
+        methods: method names.
+        method_options: per-method knobs, ``{"streaming": {"local": 256}}``.
+        tasks: task or group names.
+        lengths: target lengths in tokens (prompt plus generation budget).
+        limit: samples per (task, length); None = the task's default.
+        seed: sample-generation seed.
+        output: run folder; results go to ``<output>/<model>/<method>/<task>/<length>/``.
+        backend: kernel backend (``auto``, ``reference``, ``triton``, ``flex``, ...).
+        device, dtype: where and in which precision the model runs (CUDA/bf16 when available).
+    """
+
+    model: str = "tiny:qwen3"
+    methods: list[str] = field(default_factory=lambda: ["full", "streaming"])
+    method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tasks: list[str] = field(default_factory=lambda: ["ruler_niah_single_1"])
+    lengths: list[int] = field(default_factory=lambda: [1024, 2048])
+    limit: int | None = None
+    seed: int = 42
+    output: str = "runs/latest"
+    backend: str = "auto"
+    device: str | None = None
+    dtype: str | None = None
+
+    def __post_init__(self):
+        if not self.methods or not self.tasks or not self.lengths:
+            raise ValueError("a run needs at least one method, one task and one length")
+        if any(length <= 0 for length in self.lengths):
+            raise ValueError(f"lengths must be positive token counts, got {self.lengths}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be at least 1, got {self.limit}")
+        for name in self.method_options:
+            if name not in self.methods:
+                raise ValueError(f"options given for method {name!r}, which is not in methods {self.methods}")
+        if self.dtype not in (None, "bfloat16", "float16", "float32"):
+            raise ValueError(f"dtype must be bfloat16, float16 or float32, got {self.dtype!r}")
+        self.build_methods()
+        task_registry.expand(self.tasks)
+
+    def build_methods(self) -> list[methods.Method]:
+        return [methods.get(name, **self.method_options.get(name, {})) for name in self.methods]
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> RunConfig:
+        """Load a YAML config; non-None ``overrides`` replace its values."""
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        valid = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - valid
+        if unknown:
+            raise ValueError(f"{path}: unknown config keys {sorted(unknown)}; valid keys: {sorted(valid)}")
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**data)
+
+
+def run(config: RunConfig, progress: bool = True) -> list[dict[str, Any]]:
+    """Run every cell of ``config`` not yet complete; return one summary row per cell."""
+    import torch
+
+    from elastic_bench.models import load_model, model_label
+
+    built = config.build_methods()
+    dtype = getattr(torch, config.dtype) if config.dtype else None
+    model, tokenizer = load_model(config.model, dtype=dtype, device=config.device)
+    stop_ids = _stop_ids(model, tokenizer)
+    rows = []
+    for task_name in task_registry.expand(config.tasks):
+        task = task_registry.get(task_name)
+        for length in config.lengths:
+            cells = [Cell(config.output, model_label(config.model), m.label(), task_name, length) for m in built]
+            todo = [(m, c) for m, c in zip(built, cells) if not c.is_complete()]
+            samples, error = [], None
+            if todo:
+                try:
+                    samples = task.samples(tokenizer, length, config.limit, config.seed)
+                except (ValueError, FileNotFoundError, KeyError) as err:
+                    error = f"{task_name} at {length} tokens: {err}"
+            for method, cell in todo:
+                if error:
+                    _fail(cell, config, method, error)
+                else:
+                    _run_cell(model, tokenizer, task, samples, method, cell, config, stop_ids, progress)
+            rows.extend(summary_row(cell) for cell in cells)
+    return rows
+
+
+def _stop_ids(model, tokenizer) -> set[int]:
+    eos = model.generation_config.eos_token_id
+    ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+def _cell_config(config: RunConfig, method: methods.Method, task: str, length: int, n: int) -> dict[str, Any]:
+    from elastic_bench.provenance import provenance
+
+    return {
+        "model": config.model,
+        "method": method.name,
+        "method_options": method.options(),
+        "task": task,
+        "length": length,
+        "num_samples": n,
+        "seed": config.seed,
+        "backend": config.backend,
+        "dtype": config.dtype,
+        **provenance(config.device),
+    }
+
+
+def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunConfig, stop_ids, progress) -> None:
+    import torch
+    from tqdm.auto import tqdm
+
+    from elastic_bench.attention import apply
+    from elastic_bench.generation import greedy_generate
+    from elastic_bench.kernels import resolve_backend
+
+    records = cell.start(_cell_config(config, method, task.name, cell.length, len(samples)))
+    done = {r["id"] for r in records}
+    todo = [s for s in samples if s.id not in done]
+    desc = f"{method.label()} · {task.name} · {cell.length}"
+    try:
+        with apply(method, model, backend=config.backend) as handle:
+            for sample in tqdm(todo, desc=desc, disable=not progress, leave=False, file=sys.stderr):
+                handle.reset()
+                gen = greedy_generate(
+                    model, sample.input_ids, sample.max_new_tokens, stop_ids | set(sample.stop_token_ids),
+                    sample.min_new_tokens,
+                )
+                prediction = tokenizer.decode(gen.tokens, skip_special_tokens=True)
+                stats = handle.stats()["per_sample"][0]
+                record = {
+                    "id": sample.id,
+                    "prediction": prediction,
+                    "references": sample.references,
+                    "score": task.score(prediction, sample),
+                    "metadata": sample.metadata,
+                    "input_tokens": len(sample.input_ids),
+                    "output_tokens": len(gen.tokens),
+                    "prefill_seconds": gen.prefill_seconds,
+                    "decode_seconds": gen.decode_seconds,
+                    **stats,
+                    "decisions": handle.decisions()[0].tolist(),
+                }
+                cell.append(record)
+                records.append(record)
+    except torch.cuda.OutOfMemoryError:
+        _fail(cell, config, method, f"out of memory at {cell.length} tokens after {len(records)} samples")
+        torch.cuda.empty_cache()
+        return
+    except Exception as err:  # noqa: BLE001  (a failed cell must not stop the run)
+        _fail(cell, config, method, f"{type(err).__name__}: {err}")
+        return
+    metrics = {
+        **_cell_config(config, method, task.name, cell.length, len(records)),
+        "status": "complete",
+        "method_label": method.label(),
+        "backend_used": resolve_backend(config.backend, next(model.parameters()).device),
+        **task.aggregate(records),
+        **{key: _mean(records, key) for key in ("omega_msr", "omega_esr", "omega_esr_last_row", "prefill_seconds")},
+        **method.extra_stats(),
+    }
+    cell.finish(metrics)
+
+
+def _mean(records: list[dict[str, Any]], key: str) -> float:
+    values = [r[key] for r in records if r.get(key) is not None]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def _fail(cell: Cell, config: RunConfig, method: methods.Method, error: str) -> None:
+    print(f"elastic-bench: cell {cell.dir} failed: {error}", file=sys.stderr)
+    cell.dir.mkdir(parents=True, exist_ok=True)
+    done = len(cell.predictions())
+    config_fields = _cell_config(config, method, cell.task, cell.length, done)
+    cell.finish({"status": "failed", "error": error, "num_samples_done": done, **config_fields})
+
+
+def summary_row(cell: Cell) -> dict[str, Any]:
+    """One line of the run summary for ``cell``."""
+    metrics = cell.metrics() or {}
+    return {
+        "model": cell.model,
+        "method": cell.method,
+        "task": cell.task,
+        "length": cell.length,
+        "status": metrics.get("status", "missing"),
+        "score": metrics.get("score"),
+        "omega_msr": metrics.get("omega_msr"),
+        "omega_esr": metrics.get("omega_esr"),
+        "prefill_ms": 1000 * metrics["prefill_seconds"] if "prefill_seconds" in metrics else None,
+    }
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    """A fixed-width text table of summary rows."""
+    if not rows:
+        return "(no cells)"
+    columns = list(rows[0])
+
+    def fmt(value: Any) -> str:
+        if isinstance(value, float):
+            return "nan" if math.isnan(value) else f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+        return "-" if value is None else str(value)
+
+    cells = [[fmt(r[c]) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)

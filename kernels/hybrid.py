@@ -1,0 +1,117 @@
+"""`hybrid_attention`: one call for all heads of a layer, whatever their modes, and its backend shim.
+
+Backends register themselves with `register_backend(name, fn, available, priority)`. ``backend="auto"`` takes the
+available backend of highest priority for the inputs' device; ``"reference"`` is always available and is the ground
+truth the others are tested against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .plan import HeadPlan, Mode
+from .reference import naive_hybrid_attention
+
+BackendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, HeadPlan, float], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    fn: BackendFn
+    available: Callable[[torch.device], bool]
+    priority: int
+
+
+_BACKENDS: dict[str, Backend] = {}
+
+
+def register_backend(name: str, fn: BackendFn, available: Callable[[torch.device], bool], priority: int) -> None:
+    """Register a backend; ``available(device)`` says whether it can run on that device."""
+    _BACKENDS[name] = Backend(name, fn, available, priority)
+
+
+def backend_names() -> list[str]:
+    """All registered backend names, most preferred first."""
+    return [b.name for b in sorted(_BACKENDS.values(), key=lambda b: -b.priority)]
+
+
+def available_backends(device: torch.device | str) -> list[str]:
+    """Backends that can run on ``device``, most preferred first."""
+    device = torch.device(device)
+    return [name for name in backend_names() if _BACKENDS[name].available(device)]
+
+
+def resolve_backend(backend: str, device: torch.device | str) -> str:
+    """The concrete backend ``backend`` means on ``device`` (``"auto"`` → the preferred available one)."""
+    if backend == "auto":
+        return available_backends(device)[0]
+    if backend not in _BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r}; choose from: auto, {', '.join(backend_names())}")
+    if not _BACKENDS[backend].available(torch.device(device)):
+        raise RuntimeError(
+            f"backend {backend!r} is not available on {device}; available: {', '.join(available_backends(device))}"
+        )
+    return backend
+
+
+def hybrid_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    plan: HeadPlan,
+    scale: float | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Causal attention where every KV head follows its mode in ``plan`` (FULL, STREAMING or BLOCK_SPARSE).
+
+    Args:
+        q: ``[B, Hq, Lq, D]`` queries, post-RoPE.
+        k: ``[B, H, Lk, D]`` keys, post-RoPE, not repeated for GQA (``Hq % H == 0``; query head ``i`` uses KV head
+            ``i // (Hq // H)``).
+        v: ``[B, H, Lk, D]`` values.
+        plan: per-sample, per-KV-head modes ``[B, H]``; block selections ``[B, Hq, ceil(Lk/block_size)]``.
+        scale: softmax scale, ``D ** -0.5`` by default.
+        backend: ``"auto"``, ``"reference"`` or any registered backend (see `available_backends`).
+
+    Returns:
+        ``[B, Hq, Lq, D]`` attention output in ``q.dtype``.
+
+    Causal masks are aligned bottom-right when ``Lq < Lk`` (query ``i`` sits at position ``Lk - Lq + i``)::
+
+        Lq = 2, Lk = 5 (FULL):   1 1 1 1 0
+                                 1 1 1 1 1
+    """
+    _check(q, k, v, plan)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    name = resolve_backend(backend, q.device)
+    return _BACKENDS[name].fn(q, k, v, plan, scale)
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: HeadPlan) -> None:
+    if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
+        raise ValueError(
+            f"expected q [B, Hq, Lq, D] and k, v [B, H, Lk, D]; got {tuple(q.shape)}, {tuple(k.shape)}, "
+            f"{tuple(v.shape)}"
+        )
+    B, Hq, Lq, D = q.shape
+    _, H, Lk, Dk = k.shape
+    if k.shape[0] != B or Dk != D or Hq % H:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} do not match (batch, head_dim, Hq % H == 0)")
+    if Lq > Lk:
+        raise ValueError(f"more queries ({Lq}) than keys ({Lk}): append the keys to the cache first")
+    if tuple(plan.modes.shape) != (B, H):
+        raise ValueError(f"plan is for {tuple(plan.modes.shape)} (batch, KV heads); inputs have ({B}, {H})")
+    if plan.has(Mode.BLOCK_SPARSE):
+        n_blocks = -(-Lk // plan.block_size)
+        if plan.blocks.shape != (B, Hq, n_blocks):
+            raise ValueError(
+                f"block selection covers {plan.blocks.shape} (batch, query heads, query blocks); "
+                f"expected {(B, Hq, n_blocks)}"
+            )
+
+
+register_backend("reference", naive_hybrid_attention, available=lambda device: True, priority=0)

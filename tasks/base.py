@@ -1,0 +1,118 @@
+"""The task interface: raw records → tokenised samples for a tokenizer and target length; prediction → score.
+
+Tasks know nothing of attention. A task is a class registered by name; groups name several tasks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from elastic_bench.registry import Registry, did_you_mean
+
+
+@dataclass
+class Sample:
+    """One model input and what scoring needs.
+
+    Attributes:
+        id: stable identifier within the task (used to resume a cell).
+        input_ids: the exact tokens fed to the model (chat template applied where the task says so).
+        max_new_tokens: generation budget.
+        references: gold answers.
+        metadata: task-specific fields for scoring and aggregation (length bucket, classes, difficulty, ...).
+        stop_token_ids: extra token ids that end generation besides the tokenizer's EOS.
+        min_new_tokens: generation cannot stop before this many tokens.
+    """
+
+    id: str
+    input_ids: list[int]
+    max_new_tokens: int
+    references: list[str]
+    metadata: dict[str, Any] = field(default_factory=dict)
+    stop_token_ids: list[int] = field(default_factory=list)
+    min_new_tokens: int = 0
+
+
+class Task:
+    """Base class of a registered task."""
+
+    name: str = ""
+
+    def samples(self, tokenizer, length: int, limit: int | None = None, seed: int = 42) -> list[Sample]:
+        """Samples fitted to ``length`` tokens (prompt plus generation budget) for ``tokenizer``."""
+        raise NotImplementedError
+
+    def score(self, prediction: str, sample: Sample) -> float:
+        """Official per-sample score of ``prediction``, in [0, 1]."""
+        raise NotImplementedError
+
+    def aggregate(self, records: list[dict[str, Any]]) -> dict[str, float]:
+        """Official aggregation of scored records (``{"score": float, "metadata": dict}``): ``{"score": mean×100}``
+        rounded to 2 decimals by default; tasks override for buckets and breakdowns."""
+        scores = [r["score"] for r in records]
+        return {"score": round(100 * sum(scores) / len(scores), 2) if scores else float("nan")}
+
+
+REGISTRY: Registry[type[Task]] = Registry("task")
+GROUPS: dict[str, list[str]] = {}
+
+
+def register(name: str, group: str | None = None):
+    """Class decorator: register a `Task` under ``name`` (and add it to ``group``)."""
+
+    def decorator(cls: type[Task]) -> type[Task]:
+        cls.name = name
+        REGISTRY.add(name, cls)
+        if group:
+            GROUPS.setdefault(group, []).append(name)
+        return cls
+
+    return decorator
+
+
+def get(name: str) -> Task:
+    """The task registered as ``name``."""
+    return REGISTRY.get(name)()
+
+
+def names() -> list[str]:
+    """Registered task names."""
+    return REGISTRY.names()
+
+
+def expand(specs: list[str]) -> list[str]:
+    """Task names for a list of task and group names, in order, without duplicates; unknown names raise."""
+    result: list[str] = []
+    for spec in specs:
+        if spec in GROUPS:
+            members = GROUPS[spec]
+        elif spec in REGISTRY:
+            members = [spec]
+        else:
+            raise did_you_mean("task", spec, sorted([*REGISTRY.names(), *GROUPS]))
+        result.extend(m for m in members if m not in result)
+    return result
+
+
+def render(tokenizer, user: str, answer_prefix: str = "", chat: bool | None = None) -> list[int]:
+    """Tokens of one user turn plus an assistant prefix the model continues.
+
+    With ``chat`` (default: whether the tokenizer has a chat template) the tokenizer's chat template wraps the user
+    turn and the prefix starts the assistant message (``continue_final_message``); otherwise the plain text
+    ``user + answer_prefix`` is tokenised with the tokenizer's default special tokens.
+    """
+    chat = bool(getattr(tokenizer, "chat_template", None)) if chat is None else chat
+    if not chat:
+        return tokenizer(user + answer_prefix).input_ids
+    messages = [{"role": "user", "content": user}]
+    if answer_prefix:
+        messages.append({"role": "assistant", "content": answer_prefix})
+    text = tokenizer.apply_chat_template(
+        messages,
+        tokenize=False,
+        add_generation_prompt=not answer_prefix,
+        continue_final_message=bool(answer_prefix),
+        enable_thinking=False,  # Qwen3: answer directly, as the paper's evaluation does; ignored by other templates
+    )
+    return tokenizer(text, add_special_tokens=False).input_ids
