@@ -7,6 +7,7 @@ cause (unknown names, bad values, missing files) end with one line on stderr and
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -158,6 +159,9 @@ def _demo(args) -> int:
 # ---- entry point -------------------------------------------------------------------------------------------------
 
 COMMANDS: list[Callable[[Any], None]] = [_add_run, _add_listings, _add_demo]
+# Subcommands defined next to the code they drive, as "module:function" (the function adds its parser; the module
+# must import nothing heavy at import time).
+PLUGIN_COMMANDS: tuple[str, ...] = ()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -169,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in COMMANDS:
         add(sub)
+    for spec in PLUGIN_COMMANDS:
+        module, _, function = spec.partition(":")
+        getattr(importlib.import_module(module), function)(sub)
     return parser
 
 
