@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from elastic_bench.kernels import hybrid_attention, pair_counts
+from elastic_bench.kernels import pair_counts
 from elastic_bench.methods import AttentionCall, Method
 from elastic_bench.sparsity import SparsityMeter
 
@@ -143,7 +143,7 @@ class MethodHandle:
         if call.phase != "decode":
             counts = pair_counts(plan, call.query.shape[2], call.key.shape[2], call.query.shape[1])
             self.meter.record(call.layer_idx, call.phase, call.sample_ids, plan, counts)
-        return hybrid_attention(call.query, call.key, call.value, plan, scale=scaling, backend=self.backend)
+        return self.method.attend(call, plan, scaling, self.backend)
 
 
 def _pieces(query, key, mask, kwargs) -> list[tuple[int, int, slice, slice]] | None:

@@ -23,7 +23,7 @@ def git_hash() -> str | None:
     """Commit of the elastic-bench checkout (with ``-dirty`` for local changes), or None outside a checkout."""
     root = Path(__file__).resolve().parent.parent
     try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
         if commit.returncode:
             return None
         dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True)

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import nn
 
-from elastic_bench.kernels import HeadPlan
+from elastic_bench.kernels import HeadPlan, hybrid_attention
 from elastic_bench.registry import Registry, UnknownNameError, did_you_mean
 
 Phase = Literal["prefill", "chunk", "decode"]
@@ -91,6 +91,11 @@ class Method:
     def decode_plan(self, call: AttentionCall) -> HeadPlan:
         """Decode steps attend the whole KV cache (no decode-time sparsity, as upstream)."""
         return HeadPlan.full(call.batch_size, call.num_kv_heads, device=call.query.device)
+
+    def attend(self, call: AttentionCall, plan: HeadPlan, scale: float | None, backend: str) -> torch.Tensor:
+        """Compute the call's attention ``[B, Hq, Lq, D]`` under ``plan``. Methods that train (e.g. mixing a FULL and
+        a sparse branch per head) override this; inference methods keep the default."""
+        return hybrid_attention(call.query, call.key, call.value, plan, scale=scale, backend=backend)
 
     def extra_stats(self) -> dict[str, Any]:
         """Method-specific statistics merged into `MethodHandle.stats` (e.g. realised sparsity of a gate file)."""
