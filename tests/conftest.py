@@ -1,0 +1,23 @@
+"""Shared fixtures: tiny random models (built once per session) and the GPU skip."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_models():
+    """``{"qwen3": (model, tokenizer), "llama": (model, tokenizer)}`` in fp32 on the CPU."""
+    from elastic_bench.models import load_model
+
+    return {arch: load_model(f"tiny:{arch}", dtype=torch.float32, device="cpu") for arch in ("qwen3", "llama")}

@@ -1,0 +1,125 @@
+"""The runner and the results store: files per cell, resume, skip, failure recording; the CLI's error contract."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from elastic_bench import cli, generation
+from elastic_bench.results import Cell
+from elastic_bench.runner import RunConfig, run
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+@pytest.fixture
+def counted_generation(monkeypatch):
+    calls = []
+    original = generation.greedy_generate
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(generation, "greedy_generate", counting)
+    return calls
+
+
+def small_config(tmp_path, **overrides):
+    base = dict(model="tiny:qwen3", methods=["full", "streaming"], tasks=["ruler_niah_single_1"], lengths=[640, 768],
+                limit=2, output=str(tmp_path / "run"), method_options={"streaming": {"local": 128}})
+    return RunConfig(**(base | overrides))
+
+
+def test_run_writes_every_cell_and_rerun_does_no_work(tmp_path, counted_generation):
+    config = small_config(tmp_path)
+    rows = run(config, progress=False)
+    assert len(rows) == 4 and all(r["status"] == "complete" for r in rows)
+    assert len(counted_generation) == 8
+    for method in ("full", "streaming-local=128"):
+        for length in (640, 768):
+            cell = Cell(config.output, "tiny-qwen3", method, "ruler_niah_single_1", length)
+            assert {p.name for p in cell.dir.iterdir()} == {"config.json", "predictions.jsonl", "metrics.json"}
+            metrics = cell.metrics()
+            for key in ("score", "omega_msr", "omega_esr", "prefill_seconds", "versions", "git_hash", "device"):
+                assert key in metrics
+            assert len(cell.predictions()) == 2
+            assert metrics["omega_msr"] == (0.0 if method == "full" else 1.0)
+    for record in Cell(config.output, "tiny-qwen3", "streaming-local=128", "ruler_niah_single_1", 768).predictions():
+        S, w = record["input_tokens"], 128 + 128  # sink + local
+        assert record["omega_esr"] == pytest.approx(1 - (w * (w + 1) / 2 + (S - w) * w) / (S * (S + 1) / 2))
+    counted_generation.clear()
+    run(config, progress=False)
+    assert counted_generation == []
+
+
+def test_interrupted_cell_resumes_from_its_predictions(tmp_path, counted_generation):
+    config = small_config(tmp_path, methods=["full"], lengths=[640], method_options={}, limit=3)
+    run(config, progress=False)
+    cell = Cell(config.output, "tiny-qwen3", "full", "ruler_niah_single_1", 640)
+    lines = cell.predictions_path.read_text().splitlines()
+    cell.predictions_path.write_text("\n".join(lines[:2]) + '\n{"id": "2", "predic')  # torn last line
+    cell.metrics_path.unlink()
+    counted_generation.clear()
+    run(config, progress=False)
+    assert len(counted_generation) == 1
+    assert [r["id"] for r in cell.predictions()] == ["0", "1", "2"] and cell.is_complete()
+
+
+def test_failed_cell_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
+    config = small_config(tmp_path, lengths=[64, 640])  # 64 tokens cannot hold the template
+    rows = run(config, progress=False)
+    statuses = {(r["method"], r["length"]): r["status"] for r in rows}
+    assert statuses[("full", 64)] == "failed" and statuses[("full", 640)] == "complete"
+    metrics = Cell(config.output, "tiny-qwen3", "full", "ruler_niah_single_1", 64).metrics()
+    assert "too short" in metrics["error"]
+
+
+def test_config_validation_and_yaml(tmp_path):
+    with pytest.raises(ValueError, match="positive"):
+        RunConfig(lengths=[0])
+    with pytest.raises(ValueError, match="did you mean"):
+        RunConfig(tasks=["ruler_niah_single"])
+    path = tmp_path / "run.yaml"
+    path.write_text("model: tiny:llama\nlengths: [512]\nbogus: 1\n")
+    with pytest.raises(ValueError, match="unknown config keys"):
+        RunConfig.from_yaml(path)
+    path.write_text("model: tiny:llama\nlengths: [512]\nmethods: [full]\n")
+    config = RunConfig.from_yaml(path, limit=1, model=None)
+    assert (config.model, config.lengths, config.limit) == ("tiny:llama", [512], 1)
+
+
+@pytest.mark.parametrize(
+    "argv,expected",
+    [
+        (["run", "--methods", "ful"], "unknown method 'ful'; did you mean full"),
+        (["run", "--tasks", "ruler_niah_single"], "did you mean ruler_niah_single_1"),
+        (["run", "--model", "tiny:qwen"], "did you mean tiny:qwen3"),
+        (["run", "-O", "streaming.lokal=3"], "did you mean local"),
+    ],
+)
+def test_cli_user_errors_are_one_line(argv, expected, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert expected in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_cli_subprocess_exit_code_and_listing(tmp_path):
+    bad = subprocess.run([sys.executable, "-m", "elastic_bench", "run", "--methods", "nope"], capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1
+    listing = subprocess.run([sys.executable, "-m", "elastic_bench", "methods"], capture_output=True, text=True)
+    assert listing.returncode == 0 and "streaming" in listing.stdout and "local=2048" in listing.stdout
+
+
+def test_cli_run_writes_summary(tmp_path, capsys):
+    out = tmp_path / "cli"
+    code = cli.main(["run", "--methods", "full", "--lengths", "640", "--limit", "1", "--output", str(out),
+                     "--no-progress"])
+    assert code == 0
+    assert "complete" in capsys.readouterr().out
+    config = json.loads((out / "tiny-qwen3" / "full" / "ruler_niah_single_1" / "640" / "config.json").read_text())
+    assert config["method"] == "full" and config["length"] == 640
