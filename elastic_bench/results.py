@@ -1,8 +1,9 @@
 """The results store: one folder per cell, ``<root>/<model>/<method>/<task>/<length>/``.
 
 Files: ``config.json`` (what ran), ``predictions.jsonl`` (one line per sample, appended and flushed as it is
-scored, so an interrupted cell resumes where it stopped), ``metrics.json`` (written atomically last; its ``status``
-is ``"complete"`` or ``"failed"``). A complete cell is skipped on re-run; a failed one is retried.
+scored, so an interrupted cell resumes where it stopped; under ``torchrun`` each rank appends to
+``predictions.rank<r>.jsonl`` and rank 0 merges them), ``metrics.json`` (written atomically last; its ``status`` is
+``"complete"`` or ``"failed"``). A complete cell is skipped on re-run; a failed one is retried.
 """
 
 from __future__ import annotations
@@ -48,33 +49,51 @@ class Cell:
         metrics = self.metrics()
         return metrics is not None and metrics.get("status") == "complete"
 
+    def _prediction_files(self) -> list[Path]:
+        return [self.predictions_path, *sorted(self.dir.glob("predictions.rank*.jsonl"))]
+
     def predictions(self) -> list[dict[str, Any]]:
-        """Predictions written so far; a torn last line (from an interrupted write) is dropped."""
-        if not self.predictions_path.exists():
-            return []
+        """Predictions written so far (rank shards included); a torn last line (an interrupted write) is dropped."""
         records = []
-        for line in self.predictions_path.read_text().splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
+        for path in self._prediction_files():
+            if not path.exists():
+                continue
+            for line in path.read_text().splitlines():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    break
         return records
 
-    def start(self, config: dict[str, Any]) -> list[dict[str, Any]]:
-        """Write ``config.json``; return the predictions kept from an earlier interrupted attempt (rewritten clean)."""
-        kept = self.predictions()
+    def start(self, config: dict[str, Any]) -> None:
+        """Write ``config.json`` and rewrite the predictions kept from an earlier interrupted attempt as one clean
+        file."""
+        self.merge()
         write_json(self.dir / "config.json", config)
-        with open(self.predictions_path, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in kept)
         if self.metrics_path.exists():
             self.metrics_path.unlink()
-        return kept
 
-    def append(self, record: dict[str, Any]) -> None:
-        with open(self.predictions_path, "a") as f:
+    def append(self, record: dict[str, Any], rank: int | None = None) -> None:
+        """Append one prediction (to this rank's shard under ``torchrun``)."""
+        path = self.predictions_path if rank is None else self.dir / f"predictions.rank{rank}.jsonl"
+        with open(path, "a") as f:
             f.write(json.dumps(record) + "\n")
             f.flush()
             os.fsync(f.fileno())
+
+    def merge(self, order: list[str] | None = None) -> list[dict[str, Any]]:
+        """Fold rank shards into ``predictions.jsonl`` (sorted by sample ``order`` when given); return the records."""
+        records = self.predictions()
+        if order is not None:
+            position = {sample_id: i for i, sample_id in enumerate(order)}
+            records.sort(key=lambda r: position.get(r["id"], len(position)))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.predictions_path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+        os.replace(tmp, self.predictions_path)
+        for shard in self._prediction_files()[1:]:
+            shard.unlink()
+        return records
 
     def finish(self, metrics: dict[str, Any]) -> None:
         write_json(self.metrics_path, metrics)

@@ -5,6 +5,8 @@ Design decisions:
   methods, method options and tasks fail before the model loads).
 - Samples of a (task, length) are generated once and shared by every method, so methods see identical prompts.
 - One prompt at a time (batch 1, the paper's setting), greedy, with the prefill timed on its own.
+- Under ``torchrun`` every rank (one GPU each) takes every W-th remaining sample of a cell; rank 0 merges the
+  predictions and writes the metrics.
 - A cell that fails (out of memory, a malformed record, a missing corpus) is recorded as failed with its error; the
   run goes on. Complete cells are skipped; interrupted cells resume from their last written prediction.
 """
@@ -23,6 +25,9 @@ import yaml
 from elastic_bench import methods
 from elastic_bench import tasks as task_registry
 from elastic_bench.results import Cell
+
+# Per-sample values averaged into a cell's metrics.
+MEANS = ("omega_msr", "omega_esr", "omega_esr_last_row", "prefill_seconds")
 
 
 @dataclass
@@ -88,11 +93,13 @@ def run(config: RunConfig, progress: bool = True) -> list[dict[str, Any]]:
     """Run every cell of ``config`` not yet complete; return one summary row per cell."""
     import torch
 
+    from elastic_bench.distributed import Ranks
     from elastic_bench.models import load_model, model_label
 
     built = config.build_methods()
+    ranks = Ranks.from_env(config.device)
     dtype = getattr(torch, config.dtype) if config.dtype else None
-    model, tokenizer = load_model(config.model, dtype=dtype, device=config.device)
+    model, tokenizer = load_model(config.model, dtype=dtype, device=ranks.device(config.device))
     stop_ids = _stop_ids(model, tokenizer)
     rows = []
     for task_name in task_registry.expand(config.tasks):
@@ -108,9 +115,10 @@ def run(config: RunConfig, progress: bool = True) -> list[dict[str, Any]]:
                     error = f"{task_name} at {length} tokens: {err}"
             for method, cell in todo:
                 if error:
-                    _fail(cell, config, method, error)
+                    if ranks.is_main:
+                        _fail(cell, config, method, error)
                 else:
-                    _run_cell(model, tokenizer, task, samples, method, cell, config, stop_ids, progress)
+                    _run_cell(model, tokenizer, task, samples, method, cell, config, stop_ids, progress, ranks)
             rows.extend(summary_row(cell) for cell in cells)
     return rows
 
@@ -140,7 +148,7 @@ def _cell_config(config: RunConfig, method: methods.Method, task: str, length: i
     }
 
 
-def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunConfig, stop_ids, progress) -> None:
+def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunConfig, stop_ids, progress, ranks):
     import torch
     from tqdm.auto import tqdm
 
@@ -148,20 +156,23 @@ def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunCo
     from elastic_bench.generation import greedy_generate
     from elastic_bench.kernels import resolve_backend
 
-    records = cell.start(_cell_config(config, method, task.name, cell.length, len(samples)))
-    done = {r["id"] for r in records}
-    todo = [s for s in samples if s.id not in done]
+    if ranks.is_main:
+        cell.start(_cell_config(config, method, task.name, cell.length, len(samples)))
+    ranks.barrier()
+    done = {r["id"] for r in cell.predictions()}
+    mine = [s for s in samples if s.id not in done][ranks.rank :: ranks.world_size]
+    shard = ranks.rank if ranks.world_size > 1 else None
     desc = f"{method.label()} · {task.name} · {cell.length}"
+    error = None
     try:
         with apply(method, model, backend=config.backend) as handle:
-            for sample in tqdm(todo, desc=desc, disable=not progress, leave=False, file=sys.stderr):
+            for sample in tqdm(mine, desc=desc, disable=not (progress and ranks.is_main), leave=False, file=sys.stderr):
                 handle.reset()
                 gen = greedy_generate(
                     model, sample.input_ids, sample.max_new_tokens, stop_ids | set(sample.stop_token_ids),
                     sample.min_new_tokens,
                 )
                 prediction = tokenizer.decode(gen.tokens, skip_special_tokens=True)
-                stats = handle.stats()["per_sample"][0]
                 record = {
                     "id": sample.id,
                     "prediction": prediction,
@@ -172,28 +183,34 @@ def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunCo
                     "output_tokens": len(gen.tokens),
                     "prefill_seconds": gen.prefill_seconds,
                     "decode_seconds": gen.decode_seconds,
-                    **stats,
+                    **handle.stats()["per_sample"][0],
                     "decisions": handle.decisions()[0].tolist(),
                 }
-                cell.append(record)
-                records.append(record)
+                cell.append(record, shard)
     except torch.cuda.OutOfMemoryError:
-        _fail(cell, config, method, f"out of memory at {cell.length} tokens after {len(records)} samples")
+        error = f"out of memory at {cell.length} tokens (rank {ranks.rank})"
         torch.cuda.empty_cache()
-        return
     except Exception as err:  # noqa: BLE001  (a failed cell must not stop the run)
-        _fail(cell, config, method, f"{type(err).__name__}: {err}")
-        return
-    metrics = {
-        **_cell_config(config, method, task.name, cell.length, len(records)),
-        "status": "complete",
-        "method_label": method.label(),
-        "backend_used": resolve_backend(config.backend, next(model.parameters()).device),
-        **task.aggregate(records),
-        **{key: _mean(records, key) for key in ("omega_msr", "omega_esr", "omega_esr_last_row", "prefill_seconds")},
-        **method.extra_stats(),
-    }
-    cell.finish(metrics)
+        error = f"{type(err).__name__}: {err}"
+    errors = [e for e in ranks.gather(error) if e]
+    if ranks.is_main:
+        records = cell.merge([s.id for s in samples])
+        if errors:
+            _fail(cell, config, method, "; ".join(errors))
+        else:
+            cell.finish(
+                {
+                    **_cell_config(config, method, task.name, cell.length, len(records)),
+                    "status": "complete",
+                    "method_label": method.label(),
+                    "backend_used": resolve_backend(config.backend, next(model.parameters()).device),
+                    "world_size": ranks.world_size,
+                    **task.aggregate(records),
+                    **{key: _mean(records, key) for key in MEANS},
+                    **method.extra_stats(),
+                }
+            )
+    ranks.barrier()
 
 
 def _mean(records: list[dict[str, Any]], key: str) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -123,3 +124,25 @@ def test_cli_run_writes_summary(tmp_path, capsys):
     assert "complete" in capsys.readouterr().out
     config = json.loads((out / "tiny-qwen3" / "full" / "ruler_niah_single_1" / "640" / "config.json").read_text())
     assert config["method"] == "full" and config["length"] == 640
+
+
+@pytest.mark.slow
+def test_torchrun_two_ranks_shard_samples_and_match_one_process(tmp_path):
+    """Two gloo ranks on the CPU split a cell's samples; rank 0's merged results equal a one-process run."""
+    args = ["run", "--methods", "full,streaming", "-O", "streaming.local=128", "--lengths", "640", "--limit", "3",
+            "--device", "cpu", "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533",
+                "-m", "elastic_bench"]
+    two = subprocess.run([*launcher, *args, "--output", str(tmp_path / "two")], capture_output=True, text=True, env=env)
+    assert two.returncode == 0, two.stderr[-2000:]
+    one = subprocess.run([sys.executable, "-m", "elastic_bench", *args, "--output", str(tmp_path / "one")],
+                         capture_output=True, text=True, env=env)
+    assert one.returncode == 0, one.stderr[-2000:]
+    for method in ("full", "streaming-local=128"):
+        cells = [Cell(tmp_path / run, "tiny-qwen3", method, "ruler_niah_single_1", 640) for run in ("two", "one")]
+        preds = [[(r["id"], r["prediction"], r["omega_esr"]) for r in c.predictions()] for c in cells]
+        assert preds[0] == preds[1] and len(preds[0]) == 3
+        assert not list(cells[0].dir.glob("predictions.rank*"))
+        metrics = [c.metrics() for c in cells]
+        assert metrics[0]["world_size"] == 2 and metrics[0]["score"] == metrics[1]["score"]
