@@ -201,8 +201,8 @@ def apply(method: Method, model: nn.Module, backend: str = "auto") -> Iterator[M
     modules = attention_modules(model)
     handle = MethodHandle(method, model, backend)
     previous = model.config._attn_implementation
-    hooks = [model.register_forward_pre_hook(lambda *_: handle.meter.new_forward())]
     method.setup(model)
+    hooks = [model.register_forward_pre_hook(lambda *_: handle.meter.new_forward())]
     try:
         for module in modules:
             setattr(module, _HANDLE, handle)

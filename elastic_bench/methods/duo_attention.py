@@ -1,0 +1,144 @@
+"""Static head gates: DuoAttention and PruLong route a fixed set of KV heads to streaming attention.
+
+- DuoAttention (Xiao et al., ICLR 2025, https://arxiv.org/abs/2410.10819): one learned gate α per KV head
+  (``full_attention_heads.tsv``, rows = layers, columns = KV heads). Binarised by DuoAttention's rule: α clipped to
+  [0, 1], plus U(0, 1e-6) tie-breaking noise (seeded), threshold = the ``sparsity`` quantile, retrieval iff
+  α ≥ threshold. Streaming heads keep a token-exact sink 64 + window 256 (the README deployment).
+- PruLong ("Cache Me If You Can", https://arxiv.org/abs/2506.17121): a gate file in the same layout (0/1 masks, or
+  log-alphas binarised by the same quantile rule), streaming heads with sink 128 + window 1024.
+
+The gates are data files: shipped DuoAttention patterns (Llama-3.1-8B-Instruct, Mistral-7B-Instruct-v0.2, MIT
+licence, see ``data/duo_attention_patterns/NOTICE.md``) are found by model name; any other model needs
+``pattern=<dir or tsv>``. Prefill is one-shot (upstream's dense-first-chunk deployment is not reproduced); decode
+steps of streaming heads see only sink + window, as upstream's compressed cache does (compute only: the KV cache is
+not evicted).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from elastic_bench.kernels import HeadPlan, Mode, StreamingGeometry
+
+from .base import AttentionCall, Method, register
+
+PATTERNS_DIR = Path(__file__).resolve().parent.parent / "data" / "duo_attention_patterns"
+
+
+def load_gates(path: str | Path) -> np.ndarray:
+    """Gate values ``[layers, kv_heads]`` from a ``full_attention_heads.tsv`` (or a folder holding one)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "full_attention_heads.tsv"
+    if not path.exists():
+        raise FileNotFoundError(f"no head-gate file at {path} (expected a full_attention_heads.tsv)")
+    try:
+        gates = np.loadtxt(path, delimiter="\t", ndmin=2)
+    except ValueError as err:
+        raise ValueError(f"{path} is not a tab-separated table of numbers: {err}") from None
+    return gates
+
+
+def binarize(gates: np.ndarray, sparsity: float | None, seed: int = 0) -> np.ndarray:
+    """DuoAttention's ``sparsify_attention_heads``: True = retrieval (FULL) head.
+
+    With ``sparsity`` (fraction of streaming heads, a global quantile over all layers) ties are broken by seeded
+    U(0, 1e-6) noise; without it, a head is retrieval iff its gate is ≥ 0.5.
+    """
+    gates = np.clip(gates, 0.0, 1.0)
+    if sparsity is None:
+        return gates >= 0.5
+    if not 0.0 <= sparsity <= 1.0:
+        raise ValueError(f"sparsity must lie in [0, 1], got {sparsity}")
+    noisy = gates + np.random.default_rng(seed).uniform(0, 1e-6, gates.shape)
+    return noisy >= np.quantile(noisy, sparsity)
+
+
+def shipped_pattern(model: nn.Module) -> Path:
+    """The shipped DuoAttention pattern whose model name matches ``model``'s, or a clear error."""
+
+    def norm(name: str) -> str:
+        return re.sub(r"^meta-", "", Path(name).name.lower())
+
+    name = norm(getattr(model.config, "_name_or_path", "") or "")
+    shipped = sorted(p.name for p in PATTERNS_DIR.iterdir() if p.is_dir())
+    for candidate in shipped:
+        if norm(candidate) == name:
+            return PATTERNS_DIR / candidate
+    raise FileNotFoundError(
+        f"no shipped head pattern for model {name or '(unnamed)'!r} (shipped: {', '.join(shipped)}); "
+        "pass pattern=<folder or full_attention_heads.tsv>"
+    )
+
+
+@register("duo_attention", "duo")
+@dataclass
+class DuoAttention(Method):
+    """DuoAttention: retrieval heads FULL, the other KV heads streaming (static, from a learned gate file).
+
+    Args:
+        pattern: folder or TSV of gates; ``"auto"`` looks for a shipped pattern matching the model name.
+        sparsity: fraction of KV heads made streaming (global quantile); None thresholds the gates at 0.5.
+        seed: seed of the tie-breaking noise.
+        sink, local: streaming geometry in tokens (window counts the query itself).
+        sparse_decode: decode steps of streaming heads see only sink + window (upstream's compressed cache).
+    """
+
+    pattern: str = "auto"
+    sparsity: float | None = 0.5
+    seed: int = 0
+    sink: int = 64
+    local: int = 256
+    sparse_decode: bool = True
+
+    def setup(self, model: nn.Module) -> None:
+        from elastic_bench.attention import attention_modules
+
+        path = shipped_pattern(model) if self.pattern == "auto" else Path(self.pattern)
+        gates = load_gates(path)
+        modules = attention_modules(model)
+        expected = (len(modules), model.config.num_key_value_heads)
+        if gates.shape != expected:
+            raise ValueError(
+                f"head gates in {path} are {gates.shape[0]} layers × {gates.shape[1]} KV heads; "
+                f"the model has {expected[0]} layers × {expected[1]} KV heads"
+            )
+        retrieval = binarize(gates, self.sparsity, self.seed)
+        self._modes = torch.from_numpy(np.where(retrieval, int(Mode.FULL), int(Mode.STREAMING)).astype(np.uint8))
+        self._layer_row = {m.layer_idx: i for i, m in enumerate(modules)}
+        self._geometry = StreamingGeometry(self.sink, self.local)
+
+    def prefill_plan(self, call: AttentionCall) -> HeadPlan:
+        row = self._modes[self._layer_row[call.layer_idx]].to(call.query.device)
+        return HeadPlan(row.expand(call.batch_size, -1), self._geometry)
+
+    def decode_plan(self, call: AttentionCall) -> HeadPlan:
+        return self.prefill_plan(call) if self.sparse_decode else super().decode_plan(call)
+
+    def extra_stats(self) -> dict[str, float]:
+        return {"realised_head_sparsity": float((self._modes == Mode.STREAMING).double().mean())}
+
+
+@register("prulong")
+@dataclass
+class PruLong(DuoAttention):
+    """PruLong: a learned (L0-gated) gate file in DuoAttention's layout; streaming sink 128 + window 1024.
+
+    No PruLong masks are released upstream, so ``pattern`` must be given (0/1 masks: ``sparsity=None``).
+    """
+
+    pattern: str = ""
+    sparsity: float | None = None
+    sink: int = 128
+    local: int = 1024
+
+    def setup(self, model: nn.Module) -> None:
+        if not self.pattern:
+            raise ValueError("prulong needs pattern=<folder or TSV of head masks>: no PruLong masks are released")
+        super().setup(model)
