@@ -1,8 +1,10 @@
-"""Model loading: a local path or hub id, the tiny random models ``tiny:qwen3`` / ``tiny:llama``, or ``testbed``.
+"""Model loading: a local path or hub id, the tiny random models ``tiny:qwen3`` / ``tiny:llama``, ``testbed``, or
+``random:<preset>``.
 
 The tiny models are random weights from a small config (seeded), with a byte-level tokenizer built offline: they
 need no download and exist for tests and smoke runs. ``testbed`` is the project's own small long-context model,
-shipped inside the package.
+shipped inside the package. ``random:llama-3.1-8b`` / ``random:qwen3-8b`` are random weights at the real shapes,
+built directly on the target device, for speed and memory measurements (the byte tokenizer comes with them).
 """
 
 from __future__ import annotations
@@ -16,7 +18,16 @@ from elastic_bench.registry import did_you_mean
 
 TESTBED_DIR = Path(__file__).parent / "data" / "testbed"
 TINY_ARCHITECTURES = ("qwen3", "llama")
-NAMED_MODELS = [*(f"tiny:{a}" for a in TINY_ARCHITECTURES), "testbed"]
+# Real shapes for speed and memory measurements (random weights).
+RANDOM_PRESETS = {
+    "llama-3.1-8b": dict(arch="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
+                         rope_theta=500000.0, tie_word_embeddings=False),
+    "qwen3-8b": dict(arch="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                     rope_theta=1000000.0, tie_word_embeddings=False),
+}
+NAMED_MODELS = [*(f"tiny:{a}" for a in TINY_ARCHITECTURES), "testbed", *(f"random:{p}" for p in RANDOM_PRESETS)]
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -51,6 +62,11 @@ def load_model(spec: str, dtype: torch.dtype | None = None, device: str | torch.
             raise did_you_mean("model", spec, NAMED_MODELS)
         model, tokenizer = tiny_model(arch), byte_tokenizer()
         model.to(device=device, dtype=dtype)
+    elif spec.startswith("random:"):
+        preset = spec.removeprefix("random:")
+        if preset not in RANDOM_PRESETS:
+            raise did_you_mean("model", spec, NAMED_MODELS)
+        model, tokenizer = random_model(preset, device, dtype), byte_tokenizer()
     else:
         path = _resolve_path(spec)
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -82,11 +98,36 @@ def model_label(spec: str) -> str:
     return spec.replace("tiny:", "tiny-").replace("/", "--")
 
 
-def tiny_model(arch: str, seed: int = 0):
-    """A 2-layer random model (4 query / 2 KV heads of dim 16) of the given architecture."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+def _config(arch: str, **fields):
+    from transformers import LlamaConfig, Qwen3Config
 
     common = dict(
+        max_position_embeddings=1 << 18,
+        bos_token_id=None,
+        eos_token_id=ByteTokenizerSpec.eos_id,
+        pad_token_id=ByteTokenizerSpec.pad_id,
+        attn_implementation="sdpa",
+    )
+    return (Qwen3Config if arch == "qwen3" else LlamaConfig)(**(common | fields))
+
+
+def random_model(preset: str, device: torch.device, dtype: torch.dtype, seed: int = 0):
+    """Random weights (N(0, 0.02)) at the shapes of ``RANDOM_PRESETS[preset]``, built on ``device`` in ``dtype``."""
+    from transformers import AutoModelForCausalLM
+
+    fields = dict(RANDOM_PRESETS[preset])
+    config = _config(fields.pop("arch"), **fields)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.device(device):
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def tiny_model(arch: str, seed: int = 0):
+    """A 2-layer random model (4 query / 2 KV heads of dim 16) of the given architecture."""
+    from transformers import AutoModelForCausalLM
+
+    config = _config(
+        arch,
         vocab_size=ByteTokenizerSpec.vocab_size,
         hidden_size=64,
         intermediate_size=128,
@@ -94,15 +135,9 @@ def tiny_model(arch: str, seed: int = 0):
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=16,
-        max_position_embeddings=1 << 18,
         rope_theta=1e6,
         tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=ByteTokenizerSpec.eos_id,
-        pad_token_id=ByteTokenizerSpec.pad_id,
-        attn_implementation="sdpa",
     )
-    config = Qwen3Config(**common) if arch == "qwen3" else LlamaConfig(**common)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return AutoModelForCausalLM.from_config(config)

@@ -15,10 +15,11 @@ class UnknownNameError(ValueError):
 
 
 def did_you_mean(kind: str, name: str, valid: list[str]) -> UnknownNameError:
-    """An `UnknownNameError` for ``name`` that lists the closest of ``valid``."""
+    """An `UnknownNameError` for ``name`` that names the closest of ``valid`` (and all of them when few)."""
     close = difflib.get_close_matches(name, valid, n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
-    return UnknownNameError(f"unknown {kind} {name!r}; {hint}(valid: {', '.join(valid)})")
+    listing = f"(valid: {', '.join(valid)})" if len(valid) <= 12 else f"({len(valid)} valid {kind} names)"
+    return UnknownNameError(f"unknown {kind} {name!r}; {hint}{listing}")
 
 
 class Registry(Generic[T]):

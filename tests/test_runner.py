@@ -97,7 +97,7 @@ def test_config_validation_and_yaml(tmp_path):
     "argv,expected",
     [
         (["run", "--methods", "ful"], "unknown method 'ful'; did you mean full"),
-        (["run", "--tasks", "ruler_niah_single"], "did you mean ruler_niah_single_1"),
+        (["run", "--tasks", "ruler_niah_single"], "did you mean ruler_niah_single_"),
         (["run", "--model", "tiny:qwen"], "did you mean tiny:qwen3"),
         (["run", "-O", "streaming.lokal=3"], "did you mean local"),
     ],
