@@ -1,0 +1,33 @@
+"""Model specs: tiny random models, real-shape random presets, labels, and errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from elastic_bench.models import load_model, model_label
+
+
+def test_tiny_models_are_seeded_and_offline():
+    (a, tok), (b, _) = load_model("tiny:qwen3", device="cpu"), load_model("tiny:qwen3", device="cpu")
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert a.config.num_key_value_heads == 2 and a.config.num_attention_heads == 4
+    text = "héllo\tworld ✓"
+    assert tok.decode(tok(text).input_ids) == text  # byte-level: any text round-trips
+
+
+def test_random_preset_has_the_real_shape():
+    model, _ = load_model("random:llama-3.1-8b", dtype=torch.bfloat16, device="meta")
+    assert round(sum(p.numel() for p in model.parameters()) / 1e9, 2) == 8.03
+    assert (model.config.num_hidden_layers, model.config.num_key_value_heads, model.config.head_dim) == (32, 8, 128)
+
+
+@pytest.mark.parametrize("spec", ["tiny:gpt2", "random:llama-70b", "not a model"])
+def test_unknown_specs_name_valid_ones(spec):
+    with pytest.raises(ValueError, match="unknown model"):
+        load_model(spec, device="cpu")
+
+
+def test_labels_are_folder_safe():
+    assert model_label("tiny:qwen3") == "tiny-qwen3"
+    assert model_label("meta-llama/Llama-3.1-8B-Instruct") == "meta-llama--Llama-3.1-8B-Instruct"
