@@ -65,6 +65,10 @@ def _add_run(sub) -> None:
     p.add_argument("--limit", type=int, help="samples per task and length")
     p.add_argument("--seed", type=int, help="sample-generation seed (default 42)")
     p.add_argument("--output", help="run folder (default runs/latest)")
+    p.add_argument(
+        "--data-dir", help="local directory of benchmark corpora (LongBench, RULER essays/SQuAD/HotpotQA, ...); "
+        "default $ELASTIC_BENCH_DATA, then the Hugging Face hub where it holds the official files",
+    )
     p.add_argument("--backend", help="kernel backend: auto (default), reference, triton, flex, ...")
     p.add_argument("--device", help="cuda, cpu, cuda:1, ... (default: cuda when available)")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], help="model dtype")
@@ -77,7 +81,8 @@ def _run(args) -> int:
 
     overrides = {
         "model": args.model, "methods": args.methods, "tasks": args.tasks, "lengths": args.lengths,
-        "limit": args.limit, "seed": args.seed, "output": args.output, "backend": args.backend,
+        "limit": args.limit, "seed": args.seed, "output": args.output, "data_dir": args.data_dir,
+        "backend": args.backend,
         "device": args.device, "dtype": args.dtype,
         "method_options": _method_options(args.method_option) or None,
     }

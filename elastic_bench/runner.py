@@ -43,6 +43,7 @@ class RunConfig:
         limit: samples per (task, length); None = the task's default.
         seed: sample-generation seed.
         output: run folder; results go to ``<output>/<model>/<method>/<task>/<length>/``.
+        data_dir: local directory of benchmark corpora (None: ``$ELASTIC_BENCH_DATA``, then the Hugging Face hub).
         backend: kernel backend (``auto``, ``reference``, ``triton``, ``flex``, ...).
         device, dtype: where and in which precision the model runs (CUDA/bf16 when available).
     """
@@ -55,6 +56,7 @@ class RunConfig:
     limit: int | None = None
     seed: int = 42
     output: str = "runs/latest"
+    data_dir: str | None = None
     backend: str = "auto"
     device: str | None = None
     dtype: str | None = None
@@ -103,7 +105,7 @@ def run(config: RunConfig, progress: bool = True) -> list[dict[str, Any]]:
     stop_ids = _stop_ids(model, tokenizer)
     rows = []
     for task_name in task_registry.expand(config.tasks):
-        task = task_registry.get(task_name)
+        task = task_registry.get(task_name, data_dir=config.data_dir)
         for length in config.lengths:
             cells = [Cell(config.output, model_label(config.model), m.label(), task_name, length) for m in built]
             todo = [(m, c) for m, c in zip(built, cells) if not c.is_complete()]
@@ -167,15 +169,23 @@ def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunCo
     try:
         with apply(method, model, backend=config.backend) as handle:
             for sample in tqdm(mine, desc=desc, disable=not (progress and ranks.is_main), leave=False, file=sys.stderr):
-                handle.reset()
-                gen = greedy_generate(
-                    model, sample.input_ids, sample.max_new_tokens, stop_ids | set(sample.stop_token_ids),
-                    sample.min_new_tokens,
-                )
-                prediction = tokenizer.decode(gen.tokens, skip_special_tokens=True)
+                earlier: list[str] = []  # predictions of earlier turns (a task's follow_up, e.g. chain of thought)
+                while True:
+                    handle.reset()
+                    gen = greedy_generate(
+                        model, sample.input_ids, sample.max_new_tokens, stop_ids | set(sample.stop_token_ids),
+                        sample.min_new_tokens,
+                    )
+                    prediction = tokenizer.decode(gen.tokens, skip_special_tokens=True)
+                    follow_up = task.follow_up(sample, prediction, tokenizer)
+                    if follow_up is None:
+                        break
+                    earlier.append(prediction)
+                    sample = follow_up
                 record = {
                     "id": sample.id,
                     "prediction": prediction,
+                    **({"earlier_turns": earlier} if earlier else {}),
                     "references": sample.references,
                     "score": task.score(prediction, sample),
                     "metadata": sample.metadata,

@@ -35,9 +35,16 @@ class Sample:
 
 
 class Task:
-    """Base class of a registered task."""
+    """Base class of a registered task.
+
+    Args:
+        data_dir: local directory of external corpora (see `corpora`); None falls back to ``$ELASTIC_BENCH_DATA``.
+    """
 
     name: str = ""
+
+    def __init__(self, data_dir: str | None = None):
+        self.data_dir = data_dir
 
     def samples(self, tokenizer, length: int, limit: int | None = None, seed: int = 42) -> list[Sample]:
         """Samples fitted to ``length`` tokens (prompt plus generation budget) for ``tokenizer``."""
@@ -46,6 +53,11 @@ class Task:
     def score(self, prediction: str, sample: Sample) -> float:
         """Official per-sample score of ``prediction``, in [0, 1]."""
         raise NotImplementedError
+
+    def follow_up(self, sample: Sample, prediction: str, tokenizer) -> Sample | None:
+        """A second turn built from the first ``prediction`` (LongBench-v2 chain of thought), or None; when given,
+        the runner generates it and scores that second prediction."""
+        return None
 
     def aggregate(self, records: list[dict[str, Any]]) -> dict[str, float]:
         """Official aggregation of scored records (``{"score": float, "metadata": dict}``): ``{"score": mean×100}``
@@ -71,9 +83,9 @@ def register(name: str, group: str | None = None):
     return decorator
 
 
-def get(name: str) -> Task:
-    """The task registered as ``name``."""
-    return REGISTRY.get(name)()
+def get(name: str, data_dir: str | None = None) -> Task:
+    """The task registered as ``name``, reading external corpora from ``data_dir`` (see `corpora`)."""
+    return REGISTRY.get(name)(data_dir=data_dir)
 
 
 def names() -> list[str]:

@@ -1,0 +1,75 @@
+"""Where benchmark corpora come from: a local data directory first, then the Hugging Face hub when reachable.
+
+The data directory is the ``data_dir`` a task is built with (``elastic-bench run --data-dir``, ``RunConfig.data_dir``),
+else the ``ELASTIC_BENCH_DATA`` environment variable. Files are looked up at fixed paths under it:
+
+| path under the data directory | what | hub fallback |
+|---|---|---|
+| `longbench/data/<name>.jsonl` or `longbench/data.zip` | LongBench and LongBench-E | `THUDM/LongBench` `data.zip` |
+| `longbench_v2/data.json` | LongBench-v2 items | `THUDM/LongBench-v2` `data.json` |
+| `ruler/PaulGrahamEssays.json` | RULER essay haystack (`{"text": ...}`) | none |
+| `ruler/squad.json` | SQuAD v2.0 dev (`dev-v2.0.json`) | none |
+| `ruler/hotpotqa.json` | HotpotQA dev distractor (`hotpot_dev_distractor_v1.json`) | none |
+| `ruler/english_words.json` | RULER's cwe word list for very long inputs | none |
+| `nltk_data/tokenizers/punkt_tab/english/` | nltk's punkt sentence model | none (nltk's own paths are searched) |
+
+The hub is used only where it holds the very file the official code reads; nothing is ever substituted. A file that
+cannot be found raises `FileNotFoundError` saying which file to provide and where.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV_VAR = "ELASTIC_BENCH_DATA"
+
+
+def data_root(data_dir: str | Path | None) -> Path | None:
+    """The data directory: ``data_dir``, else ``$ELASTIC_BENCH_DATA``, else None."""
+    value = data_dir or os.environ.get(ENV_VAR)
+    return Path(value).expanduser() if value else None
+
+
+@dataclass(frozen=True)
+class Source:
+    """One corpus file.
+
+    Attributes:
+        description: what the file is, for error messages.
+        paths: candidate paths under the data directory, in order of preference.
+        how: how to obtain the file.
+        hub: ``(dataset repo id, file name)`` of an identical copy on the Hugging Face hub, if any.
+    """
+
+    description: str
+    paths: tuple[str, ...]
+    how: str
+    hub: tuple[str, str] | None = None
+
+
+def hub_download(repo_id: str, filename: str) -> Path:
+    """Download (or reuse from the local cache) one file of a hub dataset repository."""
+    from huggingface_hub import hf_hub_download
+
+    return Path(hf_hub_download(repo_id, filename, repo_type="dataset"))
+
+
+def fetch(source: Source, data_dir: str | Path | None) -> Path:
+    """The local path of ``source``: from the data directory, else downloaded from the hub; raises
+    `FileNotFoundError` naming the file to provide."""
+    root = data_root(data_dir)
+    if root is not None:
+        for relative in source.paths:
+            if (root / relative).exists():
+                return root / relative
+    hub_note = ""
+    if source.hub is not None:
+        try:
+            return hub_download(*source.hub)
+        except Exception as err:  # noqa: BLE001  (offline, not installed, gated: all mean "provide it locally")
+            hub_note = f" (the hub copy {source.hub[0]}/{source.hub[1]} could not be fetched: {type(err).__name__})"
+    where = " or ".join(str(root / p) if root else f"<data dir>/{p}" for p in source.paths)
+    unset = "" if root else f"; no data directory is set: pass --data-dir or set {ENV_VAR}"
+    raise FileNotFoundError(f"{source.description} not found{hub_note}: provide {where}{unset}. {source.how}")

@@ -1,0 +1,175 @@
+"""LongBench v1 (21 datasets) and LongBench-E (13), as `THUDM/LongBench` @ 2e00731 runs them (`LongBench/pred.py`,
+`LongBench/eval.py`; see `reference/benchmarks.md` §2).
+
+Protocol per record: ``dataset2prompt[dataset].format(**record)`` (byte-exact templates, shipped in
+`data/longbench/`); middle truncation of that prompt to ``length − 500`` tokens (the official ``model2maxlen`` rule:
+3500 for a 4K model) before any chat wrapping; the tokenizer's chat template except for the six few-shot/code
+datasets; ``dataset2maxlen`` new tokens; samsum with at least one new token and "\\n" as a stop token. Scoring: the
+first-line cut for trec/triviaqa/samsum/lsht, then the best official metric over the gold answers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zipfile
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from .base import Sample, Task, register, render
+from .corpora import Source, fetch
+from .longbench_metrics import FIRST_LINE_DATASETS, METRICS
+
+DATASETS = list(METRICS)
+"""The 21 LongBench v1 datasets."""
+
+E_DATASETS = [
+    "qasper", "multifieldqa_en", "hotpotqa", "2wikimqa", "gov_report", "multi_news", "trec", "triviaqa", "samsum",
+    "passage_count", "passage_retrieval_en", "lcc", "repobench-p",
+]
+"""The 13 LongBench-E datasets (English and code)."""
+
+NO_CHAT_DATASETS = ("trec", "triviaqa", "samsum", "lsht", "lcc", "repobench-p")
+"""Datasets whose prompt is not wrapped in the chat template."""
+
+BUCKETS = ("0-4k", "4-8k", "8k+")
+TRUNCATION_MARGIN = 500
+
+
+def score(dataset: str, prediction: str, answers: list[str], all_classes: list[str] | None) -> float:
+    """Official LongBench score of one prediction in [0, 1]: the first-line cut (``lstrip("\\n")``, first line) for
+    trec, triviaqa, samsum and lsht, then the maximum of the dataset's metric over the gold answers (0 if none).
+
+    ``dataset`` is a v1 name (LongBench-E datasets score under their base name, e.g. ``"hotpotqa"``).
+    """
+    if dataset not in METRICS:
+        raise ValueError(f"unknown LongBench dataset {dataset!r}; valid: {', '.join(DATASETS)}")
+    if dataset in FIRST_LINE_DATASETS:
+        prediction = prediction.lstrip("\n").split("\n")[0]
+    best = 0.0
+    for gold in answers:
+        best = max(best, METRICS[dataset](prediction, gold, all_classes=all_classes))
+    return best
+
+
+def bucket(length: int) -> str:
+    """LongBench-E bucket of a record's ``length`` field (words, or characters for Chinese; not tokens)."""
+    return "0-4k" if length < 4000 else "4-8k" if length < 8000 else "8k+"
+
+
+def middle_truncate(tokenizer, prompt: str, max_length: int) -> str:
+    """``pred.py``'s truncation: when the prompt has more than ``max_length`` tokens (default special tokens
+    included), keep ``half = int(max_length / 2)`` tokens from each end, decoded separately without special tokens
+    and concatenated."""
+    ids = tokenizer(prompt).input_ids
+    if len(ids) <= max_length:
+        return prompt
+    half = int(max_length / 2)
+    return tokenizer.decode(ids[:half], skip_special_tokens=True) + tokenizer.decode(
+        ids[-half:], skip_special_tokens=True
+    )
+
+
+@lru_cache(maxsize=1)
+def _config() -> tuple[dict[str, str], dict[str, int]]:
+    folder = resources.files(__package__) / "data" / "longbench"
+    prompts = json.loads((folder / "dataset2prompt.json").read_text(encoding="utf-8"))
+    budgets = json.loads((folder / "dataset2maxlen.json").read_text(encoding="utf-8"))
+    return prompts, budgets
+
+
+def data_source(stem: str) -> Source:
+    """Where ``data/<stem>.jsonl`` of LongBench's ``data.zip`` is looked up."""
+    return Source(
+        f"LongBench data file data/{stem}.jsonl",
+        (f"longbench/data/{stem}.jsonl", "longbench/data.zip"),
+        "It is in data.zip of the THUDM/LongBench dataset repository on the Hugging Face hub (unzip it into "
+        "longbench/ or place the zip there).",
+        hub=("THUDM/LongBench", "data.zip"),
+    )
+
+
+def load_records(stem: str, data_dir) -> list[dict[str, Any]]:
+    """The records of ``data/<stem>.jsonl`` (``<dataset>`` or ``<dataset>_e``), from a JSONL file or the zip."""
+    source = data_source(stem)
+    path = fetch(source, data_dir)
+    if path.suffix == ".zip":
+        with zipfile.ZipFile(path) as archive:
+            member = f"data/{stem}.jsonl"
+            if member not in archive.namelist():
+                raise FileNotFoundError(f"{path} has no {member}: is it LongBench's data.zip?")
+            text = archive.read(member).decode("utf-8")
+    else:
+        text = path.read_text(encoding="utf-8")
+    records = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path} ({stem}), line {number}: not a JSON record ({err.msg})") from None
+    return records
+
+
+class LongBench(Task):
+    """One LongBench dataset (v1, or LongBench-E when ``extended``)."""
+
+    dataset = ""
+    extended = False
+
+    def samples(self, tokenizer, length: int, limit: int | None = None, seed: int = 42) -> list[Sample]:
+        """The records in file order (the first ``limit``), truncated to ``length − 500`` prompt tokens; the seed is
+        unused (the data are fixed)."""
+        max_length = length - TRUNCATION_MARGIN
+        if max_length < 2:
+            raise ValueError(f"{self.name}: length {length} is too short; LongBench truncates prompts to length − 500")
+        prompts, budgets = _config()
+        records = load_records(f"{self.dataset}_e" if self.extended else self.dataset, self.data_dir)
+        chat = False if self.dataset in NO_CHAT_DATASETS else None
+        stop, min_new = [], 0
+        if self.dataset == "samsum":
+            stop, min_new = [tokenizer.encode("\n", add_special_tokens=False)[-1]], 1
+        result = []
+        for index, record in enumerate(records[:limit]):
+            try:
+                prompt = prompts[self.dataset].format(**record)
+                metadata = {"length": record["length"], "all_classes": record["all_classes"], "_id": record["_id"]}
+                answers = list(record["answers"])
+            except (KeyError, TypeError) as err:
+                raise ValueError(f"{self.name}: record {index} lacks a LongBench field ({err})") from None
+            ids = render(tokenizer, middle_truncate(tokenizer, prompt, max_length), chat=chat)
+            result.append(Sample(f"{index}", ids, budgets[self.dataset], answers, metadata, stop, min_new))
+        return result
+
+    def score(self, prediction: str, sample: Sample) -> float:
+        return score(self.dataset, prediction, sample.references, sample.metadata["all_classes"])
+
+    def aggregate(self, records: list[dict[str, Any]]) -> dict[str, float]:
+        """``eval.py``: ``round(100 · total / n, 2)``; LongBench-E adds per-bucket ``round(100 · np.mean, 2)``
+        (NaN for an empty bucket) as ``score_0-4k``, ``score_4-8k``, ``score_8k+``."""
+        total = 0.0
+        for record in records:
+            total += record["score"]
+        metrics = {"score": round(100 * total / len(records), 2) if records else float("nan")}
+        if self.extended:
+            groups: dict[str, list[float]] = {b: [] for b in BUCKETS}
+            for record in records:
+                groups[bucket(record["metadata"]["length"])].append(record["score"])
+            for name, scores in groups.items():
+                metrics[f"score_{name}"] = float(round(100 * np.mean(scores), 2)) if scores else math.nan
+        return metrics
+
+
+def _register_all() -> None:
+    for extended, names in ((False, DATASETS), (True, E_DATASETS)):
+        group = "longbench_e" if extended else "longbench"
+        for dataset in names:
+            attrs = {"dataset": dataset, "extended": extended, "__doc__": f"LongBench{'-E' if extended else ''} "
+                     f"{dataset} (official prompt, truncation and metric)."}
+            register(f"{group}_{dataset}", group=group)(type(f"LongBench_{group}_{dataset}", (LongBench,), attrs))
+
+
+_register_all()

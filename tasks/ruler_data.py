@@ -1,0 +1,193 @@
+"""RULER's inputs: wonderwords word lists, the needle-key vocabulary, and the external corpora (essays, SQuAD,
+HotpotQA, cwe's long word list, nltk's punkt model), read as `scripts/data/synthetic/*.py` reads them."""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+from pathlib import Path
+
+from .corpora import Source, data_root, fetch
+
+ESSAYS = Source(
+    "RULER's Paul Graham essay haystack",
+    ("ruler/PaulGrahamEssays.json",),
+    "It is the JSON file {\"text\": ...} that RULER's scripts/data/synthetic/json/download_paulgraham_essay.py writes.",
+)
+SQUAD = Source(
+    "SQuAD v2.0 dev set (RULER qa_1)",
+    ("ruler/squad.json",),
+    "It is dev-v2.0.json from the SQuAD website, renamed (RULER's download_qa_dataset.sh does the same).",
+)
+HOTPOTQA = Source(
+    "HotpotQA dev distractor set (RULER qa_2)",
+    ("ruler/hotpotqa.json",),
+    "It is hotpot_dev_distractor_v1.json from the HotpotQA website, renamed (as RULER's download_qa_dataset.sh).",
+)
+ENGLISH_WORDS = Source(
+    "RULER's cwe word list for inputs with more distinct words than wonderwords has",
+    ("ruler/english_words.json",),
+    "It is scripts/data/synthetic/json/english_words.json of NVIDIA/RULER (a Git LFS file: fetch it with git lfs).",
+)
+
+
+def wonderwords_list(name: str) -> list[str]:
+    """One wonderwords list (``nounlist.txt``, ``adjectivelist.txt``, ``verblist.txt``) read as RULER reads it:
+    one entry per line, trailing whitespace stripped (so multi-word entries such as "ad hoc" stay whole)."""
+    from wonderwords.random_word import _get_words_from_text_file
+
+    return _get_words_from_text_file(name)
+
+
+class SortedPairs(Sequence):
+    """``sorted(set(f"{a}-{n}" for a in adjectives for n in nouns))`` as a lazy sequence.
+
+    The full set has millions of strings (seconds to build); indexing here is O(log) after an O(A log A) setup, and
+    ``random.choice`` on it returns exactly what it returns on the materialised list for the same generator state.
+    All strings of one adjective share the prefix ``a + "-"``, so they form one run ordered by noun; runs of
+    adjectives whose prefixes nest (``"blue-"`` and ``"blue-eyed-"``) interleave and are materialised together.
+    """
+
+    def __init__(self, adjectives: list[str], nouns: list[str]):
+        self._nouns = sorted(set(nouns))
+        self._runs: list[str | list[str]] = []  # a prefix (one adjective) or a materialised group
+        starts: list[int] = []
+        total = 0
+        prefixes = sorted({a + "-" for a in adjectives})
+        i = 0
+        while i < len(prefixes):
+            j = i + 1
+            while j < len(prefixes) and prefixes[j].startswith(prefixes[i]):
+                j += 1
+            if j == i + 1:
+                run: str | list[str] = prefixes[i]
+                size = len(self._nouns)
+            else:
+                run = sorted({p + n for p in prefixes[i:j] for n in self._nouns})
+                size = len(run)
+            self._runs.append(run)
+            starts.append(total)
+            total += size
+            i = j
+        self._starts = starts
+        self._len = total
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._len))]
+        if index < 0:
+            index += self._len
+        if not 0 <= index < self._len:
+            raise IndexError("SortedPairs index out of range")
+        k = bisect.bisect_right(self._starts, index) - 1
+        run, offset = self._runs[k], index - self._starts[k]
+        return run + self._nouns[offset] if isinstance(run, str) else run[offset]
+
+
+@lru_cache(maxsize=1)
+def needle_words() -> SortedPairs:
+    """RULER's word keys: ``adjective-noun`` over wonderwords' lists, sorted and de-duplicated."""
+    return SortedPairs(wonderwords_list("adjectivelist.txt"), wonderwords_list("nounlist.txt"))
+
+
+@lru_cache(maxsize=1)
+def common_words() -> list[str]:
+    """cwe's vocabulary: wonderwords nouns + adjectives + verbs, sorted and de-duplicated."""
+    lists = ("nounlist.txt", "adjectivelist.txt", "verblist.txt")
+    return sorted(set(w for name in lists for w in wonderwords_list(name)))
+
+
+def read_squad(data: dict) -> tuple[list[dict], list[str]]:
+    """Answerable SQuAD questions in file order, each with its gold paragraph and the other paragraphs of its article
+    (``more_context``), indexing the sorted set of all paragraphs."""
+    docs = sorted({p["context"] for article in data["data"] for p in article["paragraphs"]})
+    index = {doc: i for i, doc in enumerate(docs)}
+    questions = []
+    for article in data["data"]:
+        article_docs = [index[p["context"]] for p in article["paragraphs"]]
+        for p in article["paragraphs"]:
+            gold = index[p["context"]]
+            for qa in p["qas"]:
+                if not qa["is_impossible"]:
+                    questions.append({
+                        "query": qa["question"],
+                        "outputs": [a["text"] for a in qa["answers"]],
+                        "context": [gold],
+                        "more_context": [i for i in article_docs if i != gold],
+                    })
+    return questions, docs
+
+
+def read_hotpotqa(data: list) -> tuple[list[dict], list[str]]:
+    """HotpotQA questions in file order; documents are ``"title\\nsentences"`` over the sorted set of all of them."""
+    docs = sorted({f"{title}\n{''.join(sents)}" for item in data for title, sents in item["context"]})
+    index = {doc: i for i, doc in enumerate(docs)}
+    questions = [
+        {
+            "query": item["question"],
+            "outputs": [item["answer"]],
+            "context": [index[f"{title}\n{''.join(sents)}"] for title, sents in item["context"]],
+        }
+        for item in data
+    ]
+    return questions, docs
+
+
+_LOADERS = {
+    "essay": (ESSAYS, lambda data: re.sub(r"\s+", " ", data["text"]).split(" ")),
+    "english_words": (ENGLISH_WORDS, lambda data: list(data.values())),
+    "squad": (SQUAD, read_squad),
+    "hotpotqa": (HOTPOTQA, read_hotpotqa),
+}
+
+
+@lru_cache(maxsize=8)
+def _load(kind: str, root: Path | None):
+    source, parse = _LOADERS[kind]
+    return parse(json.loads(fetch(source, root).read_text(encoding="utf-8")))
+
+
+def essay_words(data_dir) -> list[str]:
+    """The essay corpus, whitespace-normalised and split on single spaces (the haystack unit is the word)."""
+    return _load("essay", data_root(data_dir))
+
+
+def english_words(data_dir) -> list[str]:
+    """The values of RULER's ``english_words.json``."""
+    return _load("english_words", data_root(data_dir))
+
+
+def qa_dataset(name: str, data_dir) -> tuple[list[dict], list[str]]:
+    """``(questions, documents)`` of ``squad`` or ``hotpotqa`` (see `read_squad`, `read_hotpotqa`)."""
+    return _load(name, data_root(data_dir))
+
+
+def sentence_splitter(data_dir) -> Callable[[str], list[str]]:
+    """nltk's English punkt sentence splitter (``sent_tokenize``), from ``<data dir>/nltk_data`` or nltk's paths."""
+    return _punkt(data_root(data_dir))
+
+
+@lru_cache(maxsize=4)
+def _punkt(root: Path | None) -> Callable[[str], list[str]]:
+    import nltk
+    from nltk.tokenize.punkt import PunktTokenizer
+
+    saved = list(nltk.data.path)
+    if root is not None:  # nltk reads model files only under its search path; the model is loaded eagerly
+        nltk.data.path.insert(0, str(root / "nltk_data"))
+    try:
+        return PunktTokenizer("english").tokenize
+    except LookupError:
+        target = root / "nltk_data" if root else "<data dir>/nltk_data"
+        raise FileNotFoundError(
+            f"nltk's punkt sentence model (tokenizers/punkt_tab/english/) not found, needed by RULER's essay "
+            f"haystack: run `python -m nltk.downloader -d {target} punkt_tab` (or install it in nltk's own data path)"
+        ) from None
+    finally:
+        nltk.data.path[:] = saved

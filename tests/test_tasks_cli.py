@@ -1,0 +1,49 @@
+"""End to end: `elastic-bench run` on LongBench-E, LongBench-v2 and RULER fixtures with tiny:llama writes per-bucket
+and per-breakdown metrics; `elastic-bench tasks` lists the groups; a missing corpus fails its cell with a clear
+error."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from fixtures.tasks_data import build
+
+from elastic_bench.cli import main
+
+
+@pytest.mark.slow
+def test_run_longbench_e_v2_and_ruler(tmp_path, capsys):
+    data = build(tmp_path / "data")
+    out = tmp_path / "runs"
+    tasks = "longbench_e_hotpotqa,longbench_v2,ruler_vt"
+    argv = ["run", "--model", "tiny:llama", "--methods", "full", "--tasks", tasks,
+            "--lengths", "2048", "--limit", "3", "--data-dir", str(data), "--output", str(out), "--no-progress",
+            "--device", "cpu", "--dtype", "float32"]
+    assert main(argv) == 0
+    cells = out / "tiny-llama" / "full"
+    e = json.loads((cells / "longbench_e_hotpotqa" / "2048" / "metrics.json").read_text())
+    assert e["status"] == "complete" and e["num_samples"] == 3
+    assert all(0 <= e[k] <= 100 for k in ("score", "score_0-4k", "score_4-8k", "score_8k+"))
+    v2 = json.loads((cells / "longbench_v2" / "2048" / "metrics.json").read_text())
+    assert v2["num_samples"] == 3
+    assert {"score", "score_easy", "score_hard", "score_short", "score_medium", "score_long", "num_failed"} <= set(v2)
+    vt = json.loads((cells / "ruler_vt" / "2048" / "metrics.json").read_text())
+    assert vt["num_samples"] == 3 and not math.isnan(vt["score"])
+    records = [json.loads(x) for x in (cells / "ruler_vt" / "2048" / "predictions.jsonl").read_text().splitlines()]
+    assert all(r["input_tokens"] + 30 <= 2048 and len(r["references"]) == 5 for r in records)
+
+
+def test_tasks_listing_and_missing_corpus(tmp_path, capsys):
+    assert main(["tasks"]) == 0
+    listing = capsys.readouterr().out
+    for line in ("group longbench: 21 tasks", "group longbench_e: 13 tasks", "group longbench_v2: 1 tasks",
+                 "group ruler: 13 tasks", "ruler_qa_2", "longbench_e_repobench-p", "longbench_v2_cot"):
+        assert line in listing
+    out = tmp_path / "runs"
+    argv = ["run", "--model", "tiny:qwen3", "--methods", "full", "--tasks", "ruler_niah_single_2", "--lengths", "1024",
+            "--limit", "1", "--data-dir", str(tmp_path), "--output", str(out), "--no-progress", "--device", "cpu"]
+    assert main(argv) == 1
+    metrics = json.loads((out / "tiny-qwen3" / "full" / "ruler_niah_single_2" / "1024" / "metrics.json").read_text())
+    assert metrics["status"] == "failed" and str(tmp_path / "ruler/PaulGrahamEssays.json") in metrics["error"]
