@@ -195,8 +195,14 @@ class Niah(Ruler):
 
     def _prepare(self, tokenizer, length, seed):
         if self.args["type_haystack"] == "essay":
-            self._essay = ruler_data.essay_words(self.data_dir)
-            self._split = ruler_data.sentence_splitter(self.data_dir)
+            essay, split = ruler_data.essay_words(self.data_dir), ruler_data.sentence_splitter(self.data_dir)
+
+            @lru_cache(maxsize=64)  # the essay text depends on the size only: split it once per size
+            def sentences(units: int) -> tuple[str, ...]:
+                words = essay if units <= len(essay) else essay * -(-units // len(essay))
+                return tuple(split(" ".join(words[:units]).strip()))
+
+            self._sentences = sentences
 
     def _min_units(self, index):
         return 1 if self.args["type_haystack"] == "essay" else self.num_keys * self.args["num_needle_v"]
@@ -204,8 +210,7 @@ class Niah(Ruler):
     def _haystack(self, units: int, needles: list[str], rng: random.Random) -> str:
         a = self.args
         if a["type_haystack"] == "essay":
-            words = self._essay if units <= len(self._essay) else self._essay * -(-units // len(self._essay))
-            sentences = self._split(" ".join(words[:units]).strip())
+            sentences = self._sentences(units)
             cuts = sorted(int(len(sentences) * (d / 100)) for d in rng.sample(DEPTHS, len(needles)))
             bounds = [0, *cuts, len(sentences)]
             parts = []

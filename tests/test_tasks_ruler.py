@@ -62,7 +62,7 @@ def test_thirteen_official_configurations():
 
 @pytest.mark.parametrize("name", tasks.GROUPS["ruler"])
 def test_fits_length_answers_in_context_and_deterministic(name, data_dir, tok):
-    # cwe's smallest official instance (10 words × 30 plus a 40-word example) is ~6K bytes: beyond 4K for a
+    # cwe's smallest official instance (10 words × 30 plus a 40-word example) is ~6.9K bytes: beyond 4K for a
     # byte-level tokenizer, so it is checked at 8K (and must refuse 4K with a clear message)
     length = 8192 if name == "ruler_cwe" else 4096
     task = tasks.get(name, data_dir=data_dir)
@@ -82,7 +82,7 @@ def test_fits_length_answers_in_context_and_deterministic(name, data_dir, tok):
 
 
 def test_cwe_refuses_a_length_its_smallest_instance_exceeds(data_dir, tok):
-    with pytest.raises(ValueError, match=r"ruler_cwe: a target length of 4096 tokens is too short: .* needs \d+ tokens"):
+    with pytest.raises(ValueError, match=r"ruler_cwe: a target length of 4096 tokens is too short: .* needs \d+"):
         tasks.get("ruler_cwe", data_dir=data_dir).samples(tok, 4096, limit=1)
 
 
@@ -132,3 +132,14 @@ def test_missing_corpora_name_the_file(tmp_path, tok):
         assert "punkt_tab" in str(err) and "nltk.downloader" in str(err)
     else:
         pytest.skip("nltk's punkt model is installed on this machine")
+
+
+def test_essay_shorter_than_the_haystack_is_repeated(tmp_path, data_dir, tok):
+    import shutil
+
+    shutil.copytree(f"{data_dir}/nltk_data", tmp_path / "nltk_data")
+    (tmp_path / "ruler").mkdir()
+    (tmp_path / "ruler" / "PaulGrahamEssays.json").write_text('{"text": "Startups grow.  Founders\\n work hard. Yes."}')
+    sample = tasks.get("ruler_niah_single_2", data_dir=str(tmp_path)).samples(tok, 1024, limit=1)[0]
+    assert sample.metadata["units"] > 7 and len(sample.input_ids) + 128 >= 0.9 * 1024
+    assert "Yes. Startups grow. Founders work hard. Yes. Startups" in tok.decode(sample.input_ids)
