@@ -47,3 +47,31 @@ def test_tasks_listing_and_missing_corpus(tmp_path, capsys):
     assert main(argv) == 1
     metrics = json.loads((out / "tiny-qwen3" / "full" / "ruler_niah_single_2" / "1024" / "metrics.json").read_text())
     assert metrics["status"] == "failed" and str(tmp_path / "ruler/PaulGrahamEssays.json") in metrics["error"]
+
+
+def test_runner_generates_a_follow_up_turn_for_chain_of_thought(tmp_path, monkeypatch):
+    """longbench_v2_cot: the reasoning turn's prediction feeds the answer turn; the record keeps both."""
+    from elastic_bench import generation
+    from elastic_bench.models import byte_tokenizer
+    from elastic_bench.runner import RunConfig, run
+
+    tok, original = byte_tokenizer(), generation.greedy_generate
+    scripted, seen = ["Because A fits.", "The correct answer is (A)"], []
+
+    def scripted_generate(model, input_ids, max_new_tokens, stop_ids, min_new_tokens=0):
+        seen.append((tok.decode(input_ids), max_new_tokens))
+        result = original(model, input_ids, 2, stop_ids, min_new_tokens)  # a real (short) forward for the stats
+        result.tokens = tok.encode(scripted[len(seen) - 1], add_special_tokens=False)
+        return result
+
+    monkeypatch.setattr(generation, "greedy_generate", scripted_generate)
+    config = RunConfig(model="tiny:qwen3", methods=["full"], tasks=["longbench_v2_cot"], lengths=[4096], limit=1,
+                       data_dir=str(build(tmp_path / "data")), output=str(tmp_path / "runs"), device="cpu")
+    assert run(config, progress=False)[0]["status"] == "complete"
+    assert [n for _, n in seen] == [1024, 128]
+    assert "Let’s think step by step: Because A fits.\n\nBased on the above" in seen[1][0]
+    cell = tmp_path / "runs" / "tiny-qwen3" / "full" / "longbench_v2_cot" / "4096"
+    record = json.loads((cell / "predictions.jsonl").read_text())
+    assert record["earlier_turns"] == ["Because A fits."] and record["prediction"] == "The correct answer is (A)"
+    assert record["score"] == 1.0 and record["metadata"]["cot"] == "Because A fits."
+    assert json.loads((cell / "metrics.json").read_text())["score"] == 100.0
