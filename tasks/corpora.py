@@ -8,13 +8,15 @@ else the ``ELASTIC_BENCH_DATA`` environment variable. Files are looked up at fix
 | `longbench/data/<name>.jsonl` or `longbench/data.zip` | LongBench and LongBench-E | `THUDM/LongBench` `data.zip` |
 | `longbench_v2/data.json` | LongBench-v2 items | `THUDM/LongBench-v2` `data.json` |
 | `ruler/PaulGrahamEssays.json` | RULER essay haystack (`{"text": ...}`) | none |
-| `ruler/squad.json` | SQuAD v2.0 dev (`dev-v2.0.json`) | none |
-| `ruler/hotpotqa.json` | HotpotQA dev distractor (`hotpot_dev_distractor_v1.json`) | none |
+| `ruler/squad.json` | SQuAD v2.0 dev (`dev-v2.0.json`) | `rajpurkar/squad_v2` validation rows |
+| `ruler/hotpotqa.json` | HotpotQA dev distractor (`hotpot_dev_distractor_v1.json`) | `hotpotqa/hotpot_qa` rows |
 | `ruler/english_words.json` | RULER's cwe word list for very long inputs | none |
 | `nltk_data/tokenizers/punkt_tab/english/` | nltk's punkt sentence model | none (nltk's own paths are searched) |
 
-The hub is used only where it holds the very file the official code reads; nothing is ever substituted. A file that
-cannot be found raises `FileNotFoundError` saying which file to provide and where.
+The hub is used only where it holds the very file the official code reads, or the same records in rows that convert
+back to the official structure (SQuAD, HotpotQA; needs the ``datasets`` package: ``pip install elastic-bench[hub]``);
+nothing is ever substituted. A file that cannot be found raises `FileNotFoundError` saying which file to provide and
+where.
 """
 
 from __future__ import annotations
@@ -54,6 +56,13 @@ def hub_download(repo_id: str, filename: str) -> Path:
     from huggingface_hub import hf_hub_download
 
     return Path(hf_hub_download(repo_id, filename, repo_type="dataset"))
+
+
+def hub_rows(repo_id: str, config: str | None, split: str) -> list[dict]:
+    """The rows of one split of a hub dataset (through the ``datasets`` package)."""
+    from datasets import load_dataset
+
+    return list(load_dataset(repo_id, config, split=split))
 
 
 def fetch(source: Source, data_dir: str | Path | None) -> Path:

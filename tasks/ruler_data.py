@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
 
+from . import corpora
 from .corpora import Source, data_root, fetch
 
 ESSAYS = Source(
@@ -139,18 +140,56 @@ def read_hotpotqa(data: list) -> tuple[list[dict], list[str]]:
     return questions, docs
 
 
-_LOADERS = {
-    "essay": (ESSAYS, lambda data: re.sub(r"\s+", " ", data["text"]).split(" ")),
-    "english_words": (ENGLISH_WORDS, lambda data: list(data.values())),
-    "squad": (SQUAD, read_squad),
-    "hotpotqa": (HOTPOTQA, read_hotpotqa),
+def squad_from_rows(rows: list[dict]) -> dict:
+    """SQuAD's JSON structure (articles → paragraphs → qas) from hub rows (title, context, question, id, answers),
+    which list the questions in file order."""
+    articles: list[dict] = []
+    for row in rows:
+        if not articles or articles[-1]["title"] != row["title"]:
+            articles.append({"title": row["title"], "paragraphs": []})
+        paragraphs = articles[-1]["paragraphs"]
+        if not paragraphs or paragraphs[-1]["context"] != row["context"]:
+            paragraphs.append({"context": row["context"], "qas": []})
+        texts = list(row["answers"]["text"])
+        paragraphs[-1]["qas"].append(
+            {"question": row["question"], "id": row["id"], "is_impossible": not texts,
+             "answers": [{"text": t} for t in texts]}
+        )
+    return {"data": articles}
+
+
+def hotpotqa_from_rows(rows: list[dict]) -> list[dict]:
+    """HotpotQA's JSON structure (``context`` as ``[title, sentences]`` pairs) from hub rows."""
+    return [
+        {"_id": row["id"], "question": row["question"], "answer": row["answer"],
+         "context": [[t, list(s)] for t, s in zip(row["context"]["title"], row["context"]["sentences"])]}
+        for row in rows
+    ]
+
+
+_LOADERS = {  # kind → (source, parse, hub dataset (repo, config, split, rows → official JSON) or None)
+    "essay": (ESSAYS, lambda data: re.sub(r"\s+", " ", data["text"]).split(" "), None),
+    "english_words": (ENGLISH_WORDS, lambda data: list(data.values()), None),
+    "squad": (SQUAD, read_squad, ("rajpurkar/squad_v2", None, "validation", squad_from_rows)),
+    "hotpotqa": (HOTPOTQA, read_hotpotqa, ("hotpotqa/hotpot_qa", "distractor", "validation", hotpotqa_from_rows)),
 }
 
 
 @lru_cache(maxsize=8)
 def _load(kind: str, root: Path | None):
-    source, parse = _LOADERS[kind]
-    return parse(json.loads(fetch(source, root).read_text(encoding="utf-8")))
+    source, parse, hub = _LOADERS[kind]
+    try:
+        data = json.loads(fetch(source, root).read_text(encoding="utf-8"))
+    except FileNotFoundError as missing:
+        if hub is None:
+            raise
+        repo, config, split, convert = hub
+        try:
+            data = convert(corpora.hub_rows(repo, config, split))
+        except Exception as err:  # noqa: BLE001  (offline, no `datasets`, changed schema: provide the file)
+            note = f"the hub dataset {repo} could not be read either: {type(err).__name__}"
+            raise FileNotFoundError(f"{missing} ({note})") from None
+    return parse(data)
 
 
 def essay_words(data_dir) -> list[str]:

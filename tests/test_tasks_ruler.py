@@ -4,14 +4,16 @@ in the context, determinism, the official phrasing, and clear errors for missing
 from __future__ import annotations
 
 import bisect
+import json
 import random
+from pathlib import Path
 
 import pytest
 from fixtures.tasks_data import build
 
 from elastic_bench import tasks
 from elastic_bench.models import byte_tokenizer
-from elastic_bench.tasks import ruler, ruler_data
+from elastic_bench.tasks import corpora, ruler, ruler_data
 
 NEEDS_CONTEXT = {  # tasks whose references must all appear in the input ("part": at least one)
     name: ("part" if name.startswith("ruler_qa") else "all") for name in tasks.GROUPS["ruler"]
@@ -26,6 +28,15 @@ def data_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tok():
     return byte_tokenizer()
+
+
+@pytest.fixture(autouse=True)
+def no_hub(monkeypatch):
+    def offline(*args):
+        raise ConnectionError("offline test")
+
+    monkeypatch.setattr(corpora, "hub_download", offline)
+    monkeypatch.setattr(corpora, "hub_rows", offline)
 
 
 def test_sorted_pairs_equals_the_materialised_sorted_set():
@@ -143,3 +154,43 @@ def test_essay_shorter_than_the_haystack_is_repeated(tmp_path, data_dir, tok):
     sample = tasks.get("ruler_niah_single_2", data_dir=str(tmp_path)).samples(tok, 1024, limit=1)[0]
     assert sample.metadata["units"] > 7 and len(sample.input_ids) + 128 >= 0.9 * 1024
     assert "Yes. Startups grow. Founders work hard. Yes. Startups" in tok.decode(sample.input_ids)
+
+
+def squad_rows(data: dict) -> list[dict]:
+    """The rows the hub's rajpurkar/squad_v2 validation split holds for a SQuAD v2.0 JSON file."""
+    return [
+        {"id": qa["id"], "title": article["title"], "context": p["context"], "question": qa["question"],
+         "answers": {"text": [a["text"] for a in qa["answers"]],
+                     "answer_start": [a["answer_start"] for a in qa["answers"]]}}
+        for article in data["data"] for p in article["paragraphs"] for qa in p["qas"]
+    ]
+
+
+def hotpotqa_rows(data: list) -> list[dict]:
+    return [
+        {"id": item["_id"], "question": item["question"], "answer": item["answer"], "type": item["type"],
+         "level": item["level"], "supporting_facts": {"title": [], "sent_id": []},
+         "context": {"title": [t for t, _ in item["context"]], "sentences": [s for _, s in item["context"]]}}
+        for item in data
+    ]
+
+
+def test_qa_corpora_from_hub_rows_equal_the_official_files(data_dir, tmp_path, tok, monkeypatch):
+    squad = json.loads(Path(data_dir, "ruler", "squad.json").read_text())
+    hotpot = json.loads(Path(data_dir, "ruler", "hotpotqa.json").read_text())
+    assert ruler_data.read_squad(ruler_data.squad_from_rows(squad_rows(squad))) == ruler_data.read_squad(squad)
+    assert ruler_data.read_hotpotqa(ruler_data.hotpotqa_from_rows(hotpotqa_rows(hotpot))) == (
+        ruler_data.read_hotpotqa(hotpot))
+    rows = {"rajpurkar/squad_v2": squad_rows(squad), "hotpotqa/hotpot_qa": hotpotqa_rows(hotpot)}
+    calls = []
+
+    def hub(repo, config, split):
+        calls.append((repo, config, split))
+        return rows[repo]
+
+    monkeypatch.setattr(corpora, "hub_rows", hub)
+    for name in ("ruler_qa_1", "ruler_qa_2"):
+        local = tasks.get(name, data_dir=data_dir).samples(tok, 4096, limit=2)
+        remote = tasks.get(name, data_dir=str(tmp_path)).samples(tok, 4096, limit=2)
+        assert [s.input_ids for s in remote] == [s.input_ids for s in local]
+    assert calls == [("rajpurkar/squad_v2", None, "validation"), ("hotpotqa/hotpot_qa", "distractor", "validation")]
