@@ -166,7 +166,9 @@ def _demo(args) -> int:
 COMMANDS: list[Callable[[Any], None]] = [_add_run, _add_listings, _add_demo]
 # Subcommands defined next to the code they drive, as "module:function" (the function adds its parser; the module
 # must import nothing heavy at import time).
-PLUGIN_COMMANDS: tuple[str, ...] = ()
+PLUGIN_COMMANDS: tuple[str, ...] = (
+    "elastic_bench.method.cli:add_cli",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,34 @@
+"""Elastic Attention itself: the Attention Router, its relaxation, the Lagrangian objective, training data, the
+trainer and router checkpoints (https://arxiv.org/abs/2601.17367; specification ``reference/method.md``).
+
+The registered ``elastic`` method (`elastic_bench.methods.elastic`) applies trained routers at inference.
+
+Public API (imported lazily, so the CLI's help needs no torch): `AttentionRouter`, `RouterBank`, `RouterConfig`,
+`ModeConfig`, `load_routers`, `save_routers`, `TrainConfig`, `TrainResult`, `train`, `synthetic_records`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "AttentionRouter": "router",
+    "RouterBank": "checkpoint",
+    "RouterConfig": "checkpoint",
+    "load_routers": "checkpoint",
+    "save_routers": "checkpoint",
+    "ModeConfig": "modes",
+    "TrainConfig": "trainer",
+    "TrainResult": "trainer",
+    "train": "trainer",
+    "synthetic_records": "data",
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'elastic_bench.method' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+
+
+__all__ = list(_LAZY)

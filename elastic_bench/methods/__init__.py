@@ -4,7 +4,7 @@ Adding a method: a dataclass subclassing `Method` in its own module here, decora
 imported below, with a test in ``tests/test_methods.py`` and a line in the README.
 """
 
-from . import duo_attention, full, streaming  # noqa: F401  (registration)
+from . import duo_attention, elastic, full, streaming  # noqa: F401  (registration)
 from .base import REGISTRY, AttentionCall, Method, Phase, get, names, register
 
 __all__ = ["REGISTRY", "AttentionCall", "Method", "Phase", "get", "names", "register"]

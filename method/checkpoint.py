@@ -1,0 +1,202 @@
+"""Router checkpoints: ``router.safetensors`` + ``router_config.json``, and the released Hugging Face checkpoints.
+
+Design decisions:
+- One key naming for every source: ``model.layers.{i}.self_attn.mask_allocator.<param>``, the naming of the released
+  checkpoints (``LCM-Lab/elastic-attention``), so our files and theirs load through the same code.
+- ``router_config.json`` records what a router needs to be used again: the base model, its layout (layers, KV heads,
+  head_dim), the router architecture, the meaning of the two sides (`ModeConfig`) and the training hyper-parameters.
+- A released model directory (``config.json`` + ``*.safetensors``) is read for its ``mask_allocator`` tensors only,
+  and its config keys are mapped: ``retrieval_mode``/``toggle_type`` → mode, ``sink_size``, ``local_window_size``
+  (code default 1024 when absent), ``block_size``, ``use_softmax`` → number of logits. Its eval code used an
+  XAttention threshold of 0.8 (not stored in the config); elastic-bench uses 0.9 unless ``xa_threshold`` is given.
+- Writes are atomic (temporary file, then rename).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .modes import ModeConfig
+from .router import AttentionRouter
+
+CONFIG_FILE = "router_config.json"
+WEIGHTS_FILE = "router.safetensors"
+FORMAT_VERSION = 1
+_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.self_attn\.mask_allocator\.(.+)$")
+_HF_MODES = {("full", "streaming"): "fa-ssa", ("full", "xattn"): "fa-xa", ("xattn", "streaming"): "xa-ssa"}
+
+
+@dataclass
+class RouterConfig:
+    """Everything needed to rebuild and apply a set of routers.
+
+    Attributes:
+        num_layers, num_kv_heads, head_dim: the base model's layout (one router per layer, 2 logits per KV head).
+        base_model: the model spec or path the routers were trained on (informational).
+        hidden_mult, num_logits, pooling, pool_tokens: `AttentionRouter` arguments.
+        attention: what the router's full and sparse sides mean (`ModeConfig`).
+        training: training hyper-parameters and targets, as recorded by the trainer.
+    """
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    base_model: str = ""
+    hidden_mult: int = 4
+    num_logits: int = 2
+    pooling: str = "boundary"
+    pool_tokens: int = 100
+    attention: ModeConfig = field(default_factory=ModeConfig)
+    training: dict[str, Any] = field(default_factory=dict)
+
+    def layout(self) -> str:
+        return f"{self.num_layers} layers × {self.num_kv_heads} KV heads × head_dim {self.head_dim}"
+
+    def build(self) -> RouterBank:
+        """Fresh routers (N(0, 0.02) weights) for this configuration."""
+        return RouterBank(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format_version": FORMAT_VERSION, **asdict(self), "attention": self.attention.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RouterConfig:
+        data = dict(data)
+        data.pop("format_version", None)
+        valid = {f.name for f in fields(cls)}
+        unknown = set(data) - valid
+        if unknown:
+            raise ValueError(f"unknown router config keys {sorted(unknown)}; valid keys: {sorted(valid)}")
+        data["attention"] = ModeConfig(**data.get("attention", {}))
+        return cls(**data)
+
+
+class RouterBank(torch.nn.Module):
+    """One `AttentionRouter` per layer: ``bank[layer_idx]``."""
+
+    def __init__(self, config: RouterConfig):
+        super().__init__()
+        self.config = config
+        self.layers = torch.nn.ModuleList(
+            AttentionRouter(config.head_dim, config.hidden_mult, config.num_logits, config.pooling, config.pool_tokens)
+            for _ in range(config.num_layers)
+        )
+
+    def __getitem__(self, layer_idx: int) -> AttentionRouter:
+        return self.layers[layer_idx]
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """Parameters under the released checkpoints' names (``model.layers.{i}.self_attn.mask_allocator.*``)."""
+        return {
+            f"model.layers.{i}.self_attn.mask_allocator.{name}": p.detach().float().cpu().contiguous()
+            for i, router in enumerate(self.layers)
+            for name, p in router.state_dict().items()
+        }
+
+    def load_hf_state_dict(self, tensors: dict[str, torch.Tensor], source: str) -> None:
+        """Load parameters named as in `hf_state_dict` (other keys are ignored); every router must be complete."""
+        per_layer: dict[int, dict[str, torch.Tensor]] = {}
+        for key, value in tensors.items():
+            match = _KEY.search(key)
+            if match:
+                per_layer.setdefault(int(match.group(1)), {})[match.group(2)] = value
+        if sorted(per_layer) != list(range(len(self.layers))):
+            raise ValueError(
+                f"{source} holds routers for layers {sorted(per_layer)}; expected layers 0..{len(self.layers) - 1}"
+            )
+        for i, router in enumerate(self.layers):
+            try:
+                router.load_state_dict({k: v.float() for k, v in per_layer[i].items()})
+            except RuntimeError as err:
+                raise ValueError(f"{source}: layer {i} router does not match {self.config.layout()}: {err}") from None
+
+
+def save_routers(bank: RouterBank, directory: str | Path) -> Path:
+    """Write ``router.safetensors`` and ``router_config.json`` into ``directory`` (created); returns it."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    weights_tmp = directory / f".{WEIGHTS_FILE}.tmp"
+    save_file(bank.hf_state_dict(), str(weights_tmp), metadata={"format": "pt"})
+    os.replace(weights_tmp, directory / WEIGHTS_FILE)
+    config_tmp = directory / f".{CONFIG_FILE}.tmp"
+    config_tmp.write_text(json.dumps(bank.config.to_dict(), indent=2) + "\n")
+    os.replace(config_tmp, directory / CONFIG_FILE)
+    return directory
+
+
+def load_routers(path: str | Path, **overrides: Any) -> RouterBank:
+    """Load routers from an elastic-bench checkpoint directory or a released model directory.
+
+    Args:
+        path: a directory with ``router_config.json`` + ``router.safetensors``, or a Hugging Face model directory whose
+            ``*.safetensors`` hold ``mask_allocator`` tensors.
+        overrides: `ModeConfig` fields that replace the checkpoint's (e.g. ``xa_threshold=0.8``).
+
+    Returns:
+        A `RouterBank` on the CPU, with its `RouterConfig` in ``bank.config``.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"router checkpoint {path} is not a directory")
+    if (path / CONFIG_FILE).exists():
+        config = RouterConfig.from_dict(json.loads((path / CONFIG_FILE).read_text()))
+        tensors = _read_router_tensors([path / WEIGHTS_FILE], str(path))
+    elif (path / "config.json").exists():
+        tensors = _read_router_tensors(sorted(path.glob("*.safetensors")), str(path))
+        config = _config_from_hf(json.loads((path / "config.json").read_text()), tensors, str(path))
+    else:
+        raise FileNotFoundError(f"{path} holds neither {CONFIG_FILE} (elastic-bench) nor config.json (released model)")
+    if overrides:
+        config.attention = ModeConfig(**{**config.attention.to_dict(), **overrides})
+    bank = RouterBank(config)
+    bank.load_hf_state_dict(tensors, str(path))
+    return bank
+
+
+def _read_router_tensors(files: list[Path], source: str) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    tensors = {}
+    for file in files:
+        if not file.exists():
+            raise FileNotFoundError(f"router weights {file} are missing")
+        with safe_open(str(file), framework="pt") as handle:
+            for key in handle.keys():
+                if _KEY.search(key):
+                    tensors[key] = handle.get_tensor(key)
+    if not tensors:
+        raise ValueError(f"{source} holds no router tensors (*.self_attn.mask_allocator.*)")
+    return tensors
+
+
+def _config_from_hf(hf: dict[str, Any], tensors: dict[str, torch.Tensor], source: str) -> RouterConfig:
+    shapes = {_KEY.search(k).group(2): v.shape for k, v in tensors.items()}  # the same in every layer
+    if shapes.get("cls_router_head_agnostic.4.weight", (0,))[0] != 2:
+        raise ValueError(f"{source}: only 2-logit (use_softmax) routers are supported; this one has 1 logit per head")
+    pair = (hf.get("retrieval_mode", "full"), hf.get("toggle_type", "streaming"))
+    if pair not in _HF_MODES:
+        raise ValueError(f"{source}: retrieval_mode/toggle_type {pair} is not one of {sorted(_HF_MODES)}")
+    heads = hf["num_attention_heads"]
+    attention = ModeConfig(
+        mode=_HF_MODES[pair],
+        sink=hf.get("sink_size", 128),
+        local=hf.get("local_window_size", 1024),
+        block_size=hf.get("block_size", 128),
+    )
+    return RouterConfig(
+        num_layers=hf["num_hidden_layers"],
+        num_kv_heads=hf.get("num_key_value_heads", heads),
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+        base_model=hf.get("_name_or_path", source),
+        hidden_mult=shapes["cls_feat_extractor.0.weight"][0] // shapes["cls_feat_extractor.0.weight"][1],
+        attention=attention,
+    )

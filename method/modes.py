@@ -1,0 +1,101 @@
+"""What the router's two sides mean in FA-SSA, FA-XA and XA-SSA, and the HeadPlan of a routing decision.
+
+Specification: ``reference/method.md`` §6 (official eval model ``training/eval/modeling_flash_qwen.py:1118-1143``).
+
+| mode     | full side (router index 1) | sparse side (router index 0) |
+|----------|----------------------------|------------------------------|
+| fa-ssa   | FULL (dense causal)        | STREAMING                    |
+| fa-xa    | FULL                       | BLOCK_SPARSE (XAttention)    |
+| xa-ssa   | BLOCK_SPARSE (XAttention)  | STREAMING                    |
+
+Design decisions:
+- Streaming is block-granular by default (Block-Sparse-Attention semantics): sink 128 tokens (1 block) and a local
+  window of 2048 tokens (16 blocks, the diagonal block included).
+- XAttention selections (stride 16, threshold 0.9, block 128, per query head) are estimated only for the heads routed
+  to XA, and not at all when no head is (``reference/method.md`` §9 #8). The estimator lives in
+  `elastic_bench.kernels.xattention` and is imported only when an XA head exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import torch
+
+from elastic_bench.kernels import BlockSelection, HeadPlan, Mode, StreamingGeometry
+
+ModeName = Literal["fa-ssa", "fa-xa", "xa-ssa"]
+SIDES: dict[str, tuple[Mode, Mode]] = {
+    "fa-ssa": (Mode.FULL, Mode.STREAMING),
+    "fa-xa": (Mode.FULL, Mode.BLOCK_SPARSE),
+    "xa-ssa": (Mode.BLOCK_SPARSE, Mode.STREAMING),
+}
+
+
+@dataclass(frozen=True)
+class ModeConfig:
+    """The attention each router side stands for.
+
+    Attributes:
+        mode: ``"fa-ssa"``, ``"fa-xa"`` or ``"xa-ssa"``.
+        sink, local: streaming sink and local-window tokens.
+        granularity: streaming granularity, ``"block"`` (default) or ``"token"``.
+        block_size: block size of streaming blocks and XAttention selections.
+        xa_stride, xa_threshold: XAttention antidiagonal stride and cumulative-mass threshold τ.
+    """
+
+    mode: ModeName = "fa-ssa"
+    sink: int = 128
+    local: int = 2048
+    granularity: Literal["token", "block"] = "block"
+    block_size: int = 128
+    xa_stride: int = 16
+    xa_threshold: float = 0.9
+
+    def __post_init__(self):
+        if self.mode not in SIDES:
+            raise ValueError(f"elastic mode must be one of {', '.join(SIDES)}; got {self.mode!r}")
+        StreamingGeometry(self.sink, self.local, self.granularity)  # validates
+        if not 0.0 <= self.xa_threshold <= 1.0:
+            raise ValueError(f"xa_threshold must lie in [0, 1], got {self.xa_threshold}")
+
+    @property
+    def geometry(self) -> StreamingGeometry:
+        return StreamingGeometry(self.sink, self.local, self.granularity)
+
+    @property
+    def sides(self) -> tuple[Mode, Mode]:
+        """(full-side mode, sparse-side mode)."""
+        return SIDES[self.mode]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def plan(self, full_side: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> HeadPlan:
+        """The HeadPlan of a routing decision.
+
+        Args:
+            full_side: ``[B, H]`` bool, True where the router chose index 1.
+            query: ``[B, Hq, Lq, D]`` post-RoPE queries (XAttention scores them).
+            key: ``[B, H, Lk, D]`` post-RoPE keys.
+        """
+        full_mode, sparse_mode = self.sides
+        modes = torch.where(full_side.to(key.device), int(full_mode), int(sparse_mode)).to(torch.uint8)
+        is_xa = modes == Mode.BLOCK_SPARSE
+        blocks = self._xattention(query, key, is_xa) if bool(is_xa.any()) else None
+        return HeadPlan(modes, self.geometry, blocks, self.block_size)
+
+    def side_plan(self, full: bool, query: torch.Tensor, key: torch.Tensor) -> HeadPlan:
+        """Every head on one side (the two branches of the training forward)."""
+        B, H = key.shape[:2]
+        return self.plan(torch.full((B, H), full, dtype=torch.bool, device=key.device), query, key)
+
+    def _xattention(self, query: torch.Tensor, key: torch.Tensor, heads: torch.Tensor) -> BlockSelection:
+        from elastic_bench.kernels.xattention import xattention_select
+
+        with torch.no_grad():
+            return xattention_select(
+                query.detach(), key.detach(), threshold=self.xa_threshold, stride=self.xa_stride,
+                block_size=self.block_size, heads=heads,
+            )

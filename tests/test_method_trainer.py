@@ -1,0 +1,208 @@
+"""Router training: straight-through gradients, frozen backbone, the acceptance run, resume, CLI, 2 processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from test_method_elastic import one_thread  # noqa: F401  (autouse fixture)
+
+from elastic_bench import apply
+from elastic_bench.method import ModeConfig, synthetic_records
+from elastic_bench.method.objective import LagrangeMultipliers, omega_msr, sparsity_penalty
+from elastic_bench.method.relaxation import gumbel_noise
+from elastic_bench.method.trainer import LossModel, TrainConfig, train, training_backend
+from elastic_bench.methods.elastic import Elastic
+from elastic_bench.models import load_model
+
+TARGETS = {"sensitive": 0.3, "robust": 1.0}
+SMALL = ModeConfig(sink=4, local=32, granularity="token")
+
+
+def config(tmp_path, **overrides) -> TrainConfig:
+    base = dict(
+        model="tiny:qwen3", data="synthetic", output=str(tmp_path / "out"), steps=3, rows_per_step=1,
+        pack_tokens=1024, targets=TARGETS, attention=SMALL, synthetic_samples=16, synthetic_length=250,
+        eval_samples=2, device="cpu",
+    )
+    return TrainConfig(**{**base, **overrides})
+
+
+def fresh_model():
+    return load_model("tiny:qwen3", dtype=torch.float32, device="cpu")
+
+
+def test_router_gradients_come_through_the_straight_through_decision(tmp_path):
+    """The LM loss alone reaches every router through ``r·full + (1 − r)·sparse``; the backbone gets no gradient."""
+    from elastic_bench.method.data import pack, to_example, tokenize
+    from elastic_bench.method.trainer import _row_inputs
+
+    model, tokenizer = fresh_model()
+    model.requires_grad_(False)
+    method = Elastic()
+    method.routers = _bank(2, 2, 16)
+    examples = [to_example(r) for r in synthetic_records(4, length=250)]
+    row = pack(tokenize(examples, tokenizer, ["sensitive", "robust"], 1024), 1024)[0]
+    noise = gumbel_noise((row.num_samples, 2, 2, 2), torch.Generator().manual_seed(1))
+    with apply(method, model, backend="reference"):
+        method.begin_training_forward(1.0, noise, row.prompt_lens)
+        loss_sum, count = LossModel(model)(*_row_inputs(row, "cpu"))
+        r = method.collect_decisions(row.num_samples, 2)
+        (loss_sum / count).backward()
+    assert set(r.detach().unique().tolist()) == {0.0, 1.0}  # hard decisions in the forward pass
+    assert r.requires_grad
+    for router in method.routers.layers:
+        assert float(torch.stack([p.grad.norm() for p in router.parameters()]).norm()) > 0
+    assert all(p.grad is None for p in model.parameters())
+    # the penalty adds the Ω gradient on top
+    lam = LagrangeMultipliers(2)
+    penalty = sparsity_penalty(omega_msr(r), row.categories, torch.tensor([0.3, 1.0]), lam)
+    assert penalty.requires_grad
+
+
+def _bank(layers, heads, dim):
+    from elastic_bench.method import RouterConfig
+
+    return RouterConfig(layers, heads, dim, attention=SMALL).build()
+
+
+def test_training_changes_routers_and_leaves_the_backbone_bit_identical(tmp_path):
+    model, tokenizer = fresh_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    result = train(config(tmp_path, router_lr=1e-2), progress=False, loaded=(model, tokenizer))
+    after = model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    assert all(p.grad is None and not p.requires_grad for p in model.parameters())
+    assert all(record["router_grad_norm"] > 0 for record in result.log)
+    untrained = _bank(2, 2, 16)
+    gen = torch.Generator().manual_seed(0)
+    for router in untrained.layers:
+        router.reset_parameters(gen)
+    trained = result.routers.state_dict()
+    assert any(not torch.equal(trained[k], v) for k, v in untrained.state_dict().items())
+    record = result.log[-1]
+    assert {"step", "tau", "lm_loss", "omega_msr", "lambda1", "lambda2", "router_grad_norm"} <= record.keys()
+    saved = json.loads((tmp_path / "out" / "router_config.json").read_text())
+    assert saved["training"]["steps_done"] == 3 and saved["training"]["targets"] == TARGETS
+    assert saved["training"]["final_omega_msr"] == result.final_omega
+
+
+@pytest.mark.slow
+def test_acceptance_run_reaches_each_category_target(tmp_path):
+    """tiny:qwen3 on the CPU, targets 0.3 and 1.0: hard ΩMSR (argmax routing) ends within 0.1 of each target, on the
+    training prompts and on held-out prompts, and λ moves in the direction that enforces the constraint."""
+    from elastic_bench.tasks.base import render
+
+    model, tokenizer = fresh_model()
+    cfg = config(tmp_path, steps=300, synthetic_samples=64, router_lr=3e-3, lambda_lr=0.1, eval_samples=16)
+    result = train(cfg, progress=False, loaded=(model, tokenizer))
+    for category, target in TARGETS.items():
+        assert abs(result.final_omega[category] - target) <= 0.1, result.final_omega
+    method = Elastic()
+    method.routers = result.routers
+    held_out = {c: [] for c in TARGETS}
+    with torch.no_grad(), apply(method, model, backend="reference") as handle:
+        for record in synthetic_records(20, length=250, seed=999):
+            handle.reset()
+            model(torch.tensor([render(tokenizer, record["prompt"])]))
+            held_out[record["category"]].append(handle.stats()["omega_msr"])
+    for category, target in TARGETS.items():
+        assert abs(sum(held_out[category]) / len(held_out[category]) - target) <= 0.1, held_out
+    first, log = result.log[0], result.log
+    # sensitive starts above its target (Ω ≈ 0.5 > 0.3): λ1 rises; robust is below 1.0 throughout: λ1 falls
+    assert log[19]["lambda1"]["sensitive"] > first["lambda1"]["sensitive"]
+    assert result.lambdas["robust"][0] < first["lambda1"]["robust"]
+    assert all(result.lambdas[c][1] > first["lambda2"][c] for c in TARGETS)
+
+
+def test_gradient_checkpointing_recomputes_the_same_decisions(tmp_path):
+    plain = train(config(tmp_path / "a", steps=1), progress=False, loaded=fresh_model())
+    ckpt = train(config(tmp_path / "b", steps=1, gradient_checkpointing=True), progress=False, loaded=fresh_model())
+    for key, value in plain.routers.state_dict().items():
+        torch.testing.assert_close(ckpt.routers.state_dict()[key], value)
+    assert plain.log[0]["router_grad_norm"] == pytest.approx(ckpt.log[0]["router_grad_norm"], rel=1e-5)
+
+
+def test_interrupted_run_resumes_to_the_same_routers(tmp_path, monkeypatch):
+    import elastic_bench.method.trainer as trainer
+
+    whole = train(config(tmp_path / "whole", steps=4, save_every=2), progress=False, loaded=fresh_model())
+    real = trainer.temperature
+
+    def interrupt(step, *args):
+        if step == 3:
+            raise KeyboardInterrupt
+        return real(step, *args)
+
+    monkeypatch.setattr(trainer, "temperature", interrupt)
+    cfg = config(tmp_path / "split", steps=4, save_every=2)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, progress=False, loaded=fresh_model())
+    monkeypatch.setattr(trainer, "temperature", real)
+    assert len((tmp_path / "split" / "out" / "train_log.jsonl").read_text().splitlines()) == 3
+    resumed = train(cfg, progress=False, loaded=fresh_model())
+    for key, value in whole.routers.state_dict().items():
+        torch.testing.assert_close(resumed.routers.state_dict()[key], value)
+    assert [r["step"] for r in resumed.log] == [1, 2, 3, 4]
+    again = train(cfg, progress=False, loaded=fresh_model())  # complete: nothing more to train
+    assert [r["step"] for r in again.log] == [1, 2, 3, 4]
+    with pytest.raises(ValueError, match="different configuration.*router_lr"):
+        train(config(tmp_path / "split", steps=4, save_every=2, router_lr=1e-2), progress=False, loaded=fresh_model())
+
+
+def test_training_backend_needs_a_differentiable_available_backend():
+    assert training_backend(None, torch.device("cpu")) == "reference"
+    with pytest.raises(ValueError, match="'flex' is not available on cpu.*--backend reference"):
+        training_backend("flex", torch.device("cpu"))
+    with pytest.raises(ValueError, match="differentiable"):
+        training_backend("triton", torch.device("cpu"))
+
+
+def test_cli_trains_on_records_and_rejects_unknown_categories(tmp_path, capsys):
+    from elastic_bench.cli import main
+
+    data = tmp_path / "records.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in synthetic_records(8, length=150)))
+    args = ["train-router", "--model", "tiny:qwen3", "--data", str(data), "--steps", "2", "--rows-per-step", "1",
+            "--pack-tokens", "1024", "--sink", "4", "--local-window", "32", "--granularity", "token", "--device", "cpu",
+            "--output", str(tmp_path / "out"), "--no-progress"]
+    assert main([*args, "--target", "sensitive=0.3", "--target", "robust=1.0"]) == 0
+    assert {"router.safetensors", "router_config.json", "train_log.jsonl", "train_state.pt"} <= {
+        p.name for p in (tmp_path / "out").iterdir()
+    }
+    log = [json.loads(line) for line in (tmp_path / "out" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2]
+    assert "final hard ΩMSR" in capsys.readouterr().out
+    assert main([*args, "--output", str(tmp_path / "other"), "--target", "sensitive=0.3"]) == 2
+    assert "['robust'] have no target" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_two_processes_on_gloo_give_the_same_router_as_one(tmp_path):
+    """torchrun with 2 CPU ranks (gloo, FSDP2 over the backbone) on the same global batch as one process."""
+    from safetensors.torch import load_file
+
+    args = ["train-router", "--model", "tiny:qwen3", "--steps", "3", "--rows-per-step", "2", "--pack-tokens", "1024",
+            "--sink", "4", "--local-window", "32", "--granularity", "token", "--device", "cpu", "--router-lr", "1e-2",
+            "--target", "sensitive=0.3", "--target", "robust=1.0", "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([sys.executable, "-m", "elastic_bench", *args, "--output", str(tmp_path / "one")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "elastic_bench",
+         *args, "--output", str(tmp_path / "two")], env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert two.returncode == 0, two.stderr[-2000:]
+    a, b = load_file(tmp_path / "one" / "router.safetensors"), load_file(tmp_path / "two" / "router.safetensors")
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-6)
+    logs = [(tmp_path / d / "train_log.jsonl").read_text().splitlines() for d in ("one", "two")]
+    for x, y in zip(*logs):
+        x, y = json.loads(x), json.loads(y)
+        assert x["omega_msr"] == y["omega_msr"] and x["lambda1"] == pytest.approx(y["lambda1"])
