@@ -167,6 +167,7 @@ COMMANDS: list[Callable[[Any], None]] = [_add_run, _add_listings, _add_demo]
 # Subcommands defined next to the code they drive, as "module:function" (the function adds its parser; the module
 # must import nothing heavy at import time).
 PLUGIN_COMMANDS: tuple[str, ...] = (
+    "elastic_bench.testbed.cli:add_cli",
     "elastic_bench.method.cli:add_cli",
 )
 

@@ -1,0 +1,121 @@
+"""``elastic-bench testbed {train,data,eval}``: train the testbed model, write router-training records, evaluate.
+
+Heavy imports happen inside the handlers.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+
+
+def add_cli(sub) -> None:
+    """Add the ``testbed`` command group to the top-level subparsers."""
+    from elastic_bench.cli import _lengths
+
+    group = sub.add_parser(
+        "testbed", help="train, evaluate and make router data for the testbed model",
+        description="The testbed is a 6-layer Llama (6.8M parameters) trained by elastic-bench on synthetic "
+        "long-context tasks (needle retrieval that needs full attention; local tasks that do not), shipped with the "
+        "package as --model testbed.",
+    )
+    commands = group.add_subparsers(dest="testbed_command", required=True, metavar="SUBCOMMAND")
+
+    p = commands.add_parser(
+        "train", help="train the testbed model from scratch",
+        description="Train the testbed model: word-level tokenizer, task generators, context curriculum 256 → 4096, "
+        "bf16 on the GPU. Deterministic from --seed. Writes checkpoints, a log, and at the end the model "
+        "(config.json, model.safetensors in bf16, tokenizer files) and TRAINING.json (command, versions, exact-match "
+        "accuracies with full and streaming attention). Rerunning with the same --output resumes.",
+    )
+    p.add_argument("--output", required=True, help="folder for checkpoints and the exported model")
+    p.add_argument("--seed", type=int, default=0, help="initialisation and data seed (default 0)")
+    p.add_argument("--steps", type=int, default=6000, help="optimiser steps (default 6000)")
+    p.add_argument("--batch-tokens", type=int, default=65536, help="tokens per step (default 65536)")
+    p.add_argument("--max-length", type=int, default=4096, help="longest curriculum length (default 4096)")
+    p.add_argument("--eval-samples", type=int, default=100,
+                   help="samples per task and length of the final evaluation (default 100; 0: none)")
+    p.add_argument("--max-minutes", type=float, help="stop after this many minutes (checkpointed; rerun to resume)")
+    p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(handler=_train)
+
+    p = commands.add_parser(
+        "data", help="write router-training records (JSONL) from the testbed tasks",
+        description="Write {prompt, answer, category} records (category: sensitive or robust) from every testbed "
+        "task, for `elastic-bench train-router --model testbed`. Seeds differ from the evaluation prompts'.",
+    )
+    p.add_argument("--output", required=True, help="JSONL file to write")
+    p.add_argument("--samples", type=int, default=64, help="records per task and length (default 64)")
+    p.add_argument("--lengths", type=_lengths, default=[1024, 2048, 4096], help="lengths in tokens (default 1K,2K,4K)")
+    p.add_argument("--seed", type=int, default=1, help="record seed (default 1)")
+    p.set_defaults(handler=_data)
+
+    p = commands.add_parser(
+        "eval", help="exact-match accuracy of a testbed model with full and streaming attention",
+        description="Teacher-forced greedy exact match on every testbed task (the prompts of `elastic-bench run "
+        "--tasks testbed`), batched: with full attention and with sink + window streaming on every head.",
+    )
+    p.add_argument("--model", default="testbed", help="testbed (default) or a folder written by `testbed train`")
+    p.add_argument("--samples", type=int, default=100, help="samples per task and length (default 100)")
+    p.add_argument("--lengths", type=_lengths, default=[1024, 2048, 4096], help="lengths in tokens (default 1K,2K,4K)")
+    p.add_argument("--sink", type=int, default=16, help="streaming sink tokens (default 16)")
+    p.add_argument("--local", type=int, default=256, help="streaming window tokens (default 256)")
+    p.add_argument("--output", help="also write the results to this JSON file")
+    p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    p.set_defaults(handler=_eval)
+
+
+def _train(args) -> int:
+    from .train import TrainConfig, train
+
+    if args.max_minutes is not None and args.max_minutes <= 0:
+        raise ValueError(f"--max-minutes must be positive, got {args.max_minutes}")
+    config = TrainConfig(seed=args.seed, steps=args.steps, batch_tokens=args.batch_tokens, max_length=args.max_length,
+                         eval_samples=args.eval_samples)
+    command = shlex.join([
+        "elastic-bench", "testbed", "train", "--output", args.output, "--seed", str(args.seed), "--steps",
+        str(args.steps), "--batch-tokens", str(args.batch_tokens), "--max-length", str(args.max_length),
+        "--eval-samples", str(args.eval_samples),
+    ])
+    record = train(config, args.output, args.device, args.max_minutes, command, progress=not args.no_progress)
+    state = "complete" if record["complete"] else f"stopped at step {record['steps_done']} (rerun to resume)"
+    print(f"testbed training {state}: {args.output}")
+    if "evaluation" in record:
+        print(json.dumps({k: v["families"] for k, v in record["evaluation"].items() if isinstance(v, dict)
+                          and "families" in v}))
+    return 0
+
+
+def _data(args) -> int:
+    from .data import write_records
+
+    if args.samples < 1:
+        raise ValueError(f"--samples must be at least 1, got {args.samples}")
+    count = write_records(args.output, args.lengths, args.samples, args.seed)
+    print(f"{count} records written to {args.output}")
+    return 0
+
+
+def _eval(args) -> int:
+    from elastic_bench.kernels import StreamingGeometry
+    from elastic_bench.models import load_model
+
+    from .evaluate import exact_match, family_means
+    from .vocab import build
+
+    model, _ = load_model(args.model, device=args.device)
+    vocab = build()
+    results = {}
+    for label, geometry in (("full", None), ("streaming", StreamingGeometry(args.sink, args.local))):
+        tasks = exact_match(model, vocab, args.lengths, args.samples, streaming=geometry)
+        results[label] = {"tasks": tasks, "families": family_means(tasks)}
+        for task, per_length in tasks.items():
+            cells = "  ".join(f"{length}: {pct:6.2f}" for length, pct in per_length.items())
+            print(f"{label:9s} {task:24s} {cells}", file=sys.stdout)
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump({"model": args.model, "samples": args.samples, "sink": args.sink, "local": args.local,
+                       **results}, f, indent=2)
+    return 0

@@ -1,0 +1,107 @@
+"""Fast exact-match evaluation of a testbed model, batched and teacher-forced.
+
+A sample counts as correct when, fed ``prompt + answer + </s>``, the model's argmax at every answer position is the
+answer token and at the last position ``</s>``: exactly the condition for greedy decoding to produce the answer and
+stop. The prompts are those of the registered tasks (`elastic_bench.testbed.tasks`, same seed and index), so these
+figures are what ``elastic-bench run --tasks testbed`` measures with its own generation loop (whose containment
+scoring can only be higher). Streaming is evaluated with the sink + local-window mask of
+`elastic_bench.kernels.masks.streaming` (token granularity), the semantics of ``methods.get("streaming", ...)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from elastic_bench.kernels import StreamingGeometry
+from elastic_bench.kernels.masks import streaming as streaming_predicate
+
+from .generators import SPECS, Generator, sample_rng
+from .vocab import Vocab
+
+
+def window_mask(length: int, geometry: StreamingGeometry, device: torch.device | str) -> torch.Tensor:
+    """``[1, 1, L, L]`` bool mask (True = attend) of causal sink + local-window attention on every head: the 4-D
+    ``attention_mask`` transformers models accept as is."""
+    positions = torch.arange(length, device=device)
+    return streaming_predicate(geometry)(positions[:, None], positions[None, :])[None, None]
+
+
+def answer_logits(model, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Logits ``[T, V]`` (fp32) at flat ``positions`` (indices into ``ids [B, L]`` flattened) only: the LM head is
+    applied to those hidden states alone."""
+    hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+    return model.lm_head(hidden.reshape(-1, hidden.shape[-1])[positions]).float()
+
+
+@torch.no_grad()
+def exact_match(
+    model,
+    vocab: Vocab,
+    lengths: list[int],
+    num_samples: int,
+    seed: int = 42,
+    streaming: StreamingGeometry | None = None,
+    batch_tokens: int = 65536,
+) -> dict[str, dict[str, float]]:
+    """Exact-match accuracy in percent, ``{task: {str(length): pct}}`` for every testbed task.
+
+    Args:
+        model: a testbed (Llama) causal LM.
+        vocab: the testbed vocabulary.
+        lengths: target lengths (prompt plus the generation budget), as in `Task.samples`.
+        num_samples: samples per task and length (indices ``0 … num_samples-1``).
+        seed: sample seed (42 is the harness default).
+        streaming: None for full attention, else the sink + window geometry applied to every head.
+        batch_tokens: tokens per forward.
+    """
+    device = next(model.parameters()).device
+    generator = Generator(vocab)
+    autocast = torch.autocast("cuda", torch.bfloat16, enabled=device.type == "cuda")
+    results: dict[str, dict[str, float]] = {}
+    for name, spec in SPECS.items():
+        results[f"testbed_{name}"] = per_length = {}
+        for length in lengths:
+            sequences, targets = [], []
+            for index in range(num_samples):
+                example = generator.example(spec, sample_rng(seed, name, index), length)
+                prompt = example.prompt_ids(vocab)
+                sequences.append(np.concatenate([prompt, example.answer, [vocab.eos_id]]))
+                targets.append(len(prompt))
+            width = max(map(len, sequences))
+            mask = window_mask(width, streaming, device) if streaming is not None else None
+            per_batch = max(1, batch_tokens // width)
+            correct = 0
+            for start in range(0, num_samples, per_batch):
+                chunk = range(start, min(num_samples, start + per_batch))
+                ids = torch.full((len(chunk), width), vocab.pad_id, dtype=torch.long)
+                flat, gold, owner = [], [], []
+                for row, i in enumerate(chunk):
+                    seq = sequences[i]
+                    ids[row, : len(seq)] = torch.from_numpy(seq)
+                    span = np.arange(targets[i], len(seq))  # tokens to predict: the answer and </s>
+                    flat.append(row * width + span - 1)
+                    gold.append(seq[span])
+                    owner.append(np.full(len(span), row))
+                flat_t = torch.from_numpy(np.concatenate(flat)).to(device)
+                gold_t = torch.from_numpy(np.concatenate(gold)).to(device)
+                with autocast:
+                    hits = answer_logits(model, ids.to(device), flat_t, mask).argmax(-1) == gold_t
+                misses = torch.zeros(len(chunk), device=device).index_add_(
+                    0, torch.from_numpy(np.concatenate(owner)).to(device), (~hits).float()
+                )
+                correct += int((misses == 0).sum())
+            per_length[str(length)] = round(100 * correct / num_samples, 2)
+    return results
+
+
+def family_means(results: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Mean accuracy per family (``sensitive``/``robust``) and length over `exact_match` results."""
+    out: dict[str, Any] = {}
+    for category in ("sensitive", "robust"):
+        names = [f"testbed_{n}" for n, s in SPECS.items() if s.category == category]
+        lengths = results[names[0]]
+        out[category] = {ln: round(sum(results[n][ln] for n in names) / len(names), 2) for ln in lengths}
+    return out

@@ -1,0 +1,352 @@
+"""Training the testbed model from scratch: a 6-layer Llama that reads up to 4K tokens of testbed prompts.
+
+Design decisions (after a feasibility run on one H200; see docs/benchmarks.md, "Testbed"):
+- Llama architecture, 6 layers, hidden 256, 8 query / 2 KV heads of dim 32, MLP 768, untied LM head (6.8M
+  parameters); word-level vocabulary (`elastic_bench.testbed.vocab`): byte-level tokens learned nothing in the same
+  time.
+- Data: the task generators (`elastic_bench.testbed.generators`), mixed per sample; every sequence is filled to the
+  step's length exactly, so batches need no padding. The loss weighs answer tokens 1 and question/prefix tokens 0.1,
+  and the LM head runs on those positions only. ``niah_multikey`` sequences also query their three distractors after
+  the answer (more answer tokens per sequence; evaluation prompts never have them).
+- Context curriculum: 256 → 512 → 1K → 2K → 4K, each for `TrainConfig.stage_fraction` of the steps, then 1K/2K/4K mixed
+  (4K half the time). Tokens per step are constant, so a step costs about the same at every length.
+- Some steps (`TrainConfig.streaming_fraction`, once sequences exceed the window) train the robust tasks under the
+  sink-16 + window-256 streaming mask, so that their answers do not depend on the middle of the context, which is
+  what the robust family stands for.
+- Deterministic from the seed: the weights' initialisation and the batch of step ``s`` (a function of ``(seed, s)``
+  alone, whatever the number of data workers); AdamW with fp32 master weights under bf16 autocast on the GPU;
+  warm-up then cosine decay to 10%. Checkpoints every `TrainConfig.checkpoint_every` steps and on a time limit; a
+  rerun with the same output folder resumes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from elastic_bench.kernels import StreamingGeometry
+
+from .evaluate import answer_logits, exact_match, family_means, window_mask
+from .generators import SPECS, Generator
+from .vocab import Vocab, build
+
+CHECKPOINT = "checkpoint.pt"
+RECORD = "TRAINING.json"
+LOG = "train_log.jsonl"
+
+
+@dataclass
+class TrainConfig:
+    """Everything that determines the trained weights (and the evaluation run at the end).
+
+    Attributes:
+        seed: initialisation and data seed.
+        steps: optimiser steps.
+        batch_tokens: tokens per step (batch size = batch_tokens // length).
+        min_length, max_length: the curriculum doubles from one to the other.
+        stage_fraction: fraction of the steps spent at each curriculum length.
+        mix_weights: after the curriculum, the probabilities of the last three curriculum lengths.
+        task_weights: sampling probability of each task (`generators.SPECS` names).
+        streaming_fraction: share of the post-curriculum steps that train the robust tasks under `streaming`.
+        streaming: the sink + window geometry of those steps (and of the final evaluation).
+        lr, warmup_fraction, min_lr_ratio, weight_decay, grad_clip: AdamW and its schedule.
+        checkpoint_every: steps between checkpoints.
+        eval_samples: samples per task and length of the final evaluation (0: none).
+    """
+
+    seed: int = 0
+    steps: int = 6000
+    batch_tokens: int = 65536
+    min_length: int = 256
+    max_length: int = 4096
+    stage_fraction: float = 0.04
+    mix_weights: tuple[float, ...] = (0.25, 0.25, 0.5)
+    task_weights: dict[str, float] = field(
+        default_factory=lambda: {"niah_single": 0.2, "niah_multikey": 0.4, "niah_recent": 0.25, "repeat": 0.15}
+    )
+    streaming_fraction: float = 0.1
+    streaming: tuple[int, int] = (16, 256)
+    lr: float = 1.5e-3
+    warmup_fraction: float = 0.02
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    checkpoint_every: int = 500
+    eval_samples: int = 100
+
+    def __post_init__(self):
+        if self.steps < 1 or self.batch_tokens < self.max_length:
+            raise ValueError(f"need steps >= 1 and batch_tokens >= max_length, got {self.steps}, {self.batch_tokens}")
+        if self.min_length > self.max_length or self.min_length < 128:
+            raise ValueError(f"need 128 <= min_length <= max_length, got {self.min_length}, {self.max_length}")
+        unknown = set(self.task_weights) - set(SPECS)
+        if unknown:
+            raise ValueError(f"unknown testbed tasks {sorted(unknown)}; known: {list(SPECS)}")
+        self.mix_weights, self.streaming = tuple(self.mix_weights), tuple(self.streaming)
+
+    @property
+    def curriculum(self) -> list[int]:
+        lengths = [self.min_length]
+        while lengths[-1] * 2 <= self.max_length:
+            lengths.append(lengths[-1] * 2)
+        return lengths
+
+    @property
+    def eval_lengths(self) -> list[int]:
+        """The lengths mixed after the curriculum (the last ones of the curriculum), also the evaluated ones."""
+        return self.curriculum[-len(self.mix_weights):]
+
+    @property
+    def mix_probabilities(self) -> np.ndarray:
+        weights = np.array(self.mix_weights[-len(self.eval_lengths):])
+        return weights / weights.sum()
+
+    @property
+    def geometry(self) -> StreamingGeometry:
+        return StreamingGeometry(*self.streaming)
+
+
+def model_config(vocab: Vocab, max_length: int = 4096):
+    """The testbed's `LlamaConfig` (6.8M parameters)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=len(vocab), hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_attention_heads=8,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=max_length, rope_theta=10000.0,
+        tie_word_embeddings=False, bos_token_id=vocab.bos_id, eos_token_id=vocab.eos_id, pad_token_id=vocab.pad_id,
+        attn_implementation="sdpa",
+    )
+
+
+class Batches(torch.utils.data.Dataset):
+    """Item ``s`` is the batch of step ``s``: a pure function of ``(config.seed, s)``.
+
+    A batch holds numpy arrays (passed from data workers through pipes, not shared memory): ``ids [B, L]``,
+    ``positions [T]`` (flat indices into ``ids`` of the tokens whose next token is scored), ``targets [T]``,
+    ``weights [T]``, ``answer [T]`` (bool: an answer token or ``</s>``), and ``streaming`` (bool: train under the
+    streaming mask).
+    """
+
+    def __init__(self, config: TrainConfig, vocab: Vocab):
+        self.config, self.vocab, self.generator = config, vocab, Generator(vocab)
+        self.tasks = list(config.task_weights)
+        weights = np.array([config.task_weights[t] for t in self.tasks], dtype=np.float64)
+        self.task_p = weights / weights.sum()
+        robust = [t for t in self.tasks if SPECS[t].category == "robust"]
+        self.robust_p = np.array([config.task_weights[t] for t in robust]) / sum(config.task_weights[t] for t in robust)
+        self.robust = robust
+
+    def __len__(self) -> int:
+        return self.config.steps
+
+    def length_at(self, step: int, rng: np.random.Generator) -> int:
+        cfg = self.config
+        stage = int(step // max(1, round(cfg.stage_fraction * cfg.steps)))
+        if stage < len(cfg.curriculum):
+            return cfg.curriculum[stage]
+        return int(rng.choice(cfg.eval_lengths, p=cfg.mix_probabilities))
+
+    def __getitem__(self, step: int) -> dict[str, Any]:
+        cfg = self.config
+        rng = np.random.default_rng([cfg.seed, step])
+        length = self.length_at(step, rng)
+        after_curriculum = step >= round(cfg.stage_fraction * cfg.steps) * len(cfg.curriculum)
+        streaming = bool(
+            self.robust and after_curriculum and length > sum(cfg.streaming) and rng.random() < cfg.streaming_fraction
+        )
+        tasks, p = (self.robust, self.robust_p) if streaming else (self.tasks, self.task_p)
+        batch = cfg.batch_tokens // length
+        ids = np.empty((batch, length), dtype=np.int64)
+        weights = np.empty((batch, length), dtype=np.float32)
+        for row, task in enumerate(rng.choice(tasks, size=batch, p=p)):
+            ids[row], weights[row] = self.generator.example(SPECS[task], rng, length, training=True).training_sequence(
+                self.vocab
+            )
+        scored = np.flatnonzero(weights[:, 1:] > 0)  # flat over [B, L-1]: predicting token t+1 from position t
+        rows, cols = np.divmod(scored, length - 1)
+        return {
+            "ids": ids,
+            "positions": rows * length + cols,
+            "targets": ids[rows, cols + 1],
+            "weights": weights[rows, cols + 1],
+            "answer": weights[rows, cols + 1] == 1.0,
+            "streaming": streaming,
+        }
+
+
+def _as_is(batch: dict[str, Any]) -> dict[str, Any]:
+    return batch
+
+
+def learning_rate(config: TrainConfig, step: int) -> float:
+    """Linear warm-up over `warmup_fraction` of the steps, then cosine decay to ``min_lr_ratio × lr``."""
+    warmup = max(1, round(config.warmup_fraction * config.steps))
+    if step < warmup:
+        return config.lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, config.steps - warmup)
+    return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _optimizer(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95), fused=device.type == "cuda")
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def train(
+    config: TrainConfig,
+    output: str | Path,
+    device: str | None = None,
+    max_minutes: float | None = None,
+    command: str | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train (or resume) the testbed model into ``output``; export it and evaluate it when training ends.
+
+    Args:
+        config: what to train.
+        output: folder for checkpoints, the log and the exported model (``config.json``, ``model.safetensors`` in
+            bf16, tokenizer files, ``TRAINING.json``).
+        device: ``"cuda"``/``"cpu"``; CUDA when available.
+        max_minutes: stop after this many minutes of training (a checkpoint is written; rerun to resume).
+        command: the command line recorded in ``TRAINING.json``.
+        progress: show a progress bar.
+
+    Returns:
+        The ``TRAINING.json`` record (``complete`` says whether all steps ran).
+    """
+    from tqdm.auto import tqdm
+    from transformers import LlamaForCausalLM
+
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    vocab = build()
+    torch.manual_seed(config.seed)
+    model = LlamaForCausalLM(model_config(vocab, config.max_length)).to(device)
+    optimizer = _optimizer(model, config, device)
+    start, trained_seconds = 0, 0.0
+    checkpoint = output / CHECKPOINT
+    if checkpoint.exists():
+        state = torch.load(checkpoint, map_location=device, weights_only=False)
+        if state["config"] != dataclasses.asdict(config):
+            raise ValueError(f"{checkpoint} was written with another configuration; use a new --output folder")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start, trained_seconds = state["step"], state["trained_seconds"]
+
+    def save(step: int, seconds: float) -> None:
+        _atomic_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                      "trained_seconds": seconds, "config": dataclasses.asdict(config)}, checkpoint)
+
+    workers = min(4, os.cpu_count() or 1) if device.type == "cuda" else 0
+    loader = torch.utils.data.DataLoader(
+        Batches(config, vocab), batch_size=None, sampler=range(start, config.steps), num_workers=workers,
+        collate_fn=_as_is, prefetch_factor=4 if workers else None,
+    )
+    autocast = torch.autocast("cuda", torch.bfloat16, enabled=device.type == "cuda")
+    masks: dict[int, torch.Tensor] = {}
+    model.train()
+    began, done = time.monotonic(), start
+    bar = tqdm(total=config.steps, initial=start, desc="testbed train", disable=not progress, file=sys.stderr)
+    with open(output / LOG, "a") as log:
+        for step, batch in enumerate(loader, start=start):
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(config, step)
+            ids = torch.from_numpy(batch["ids"]).to(device)
+            length = ids.shape[1]
+            mask = None
+            if batch["streaming"]:
+                mask = masks.get(length)
+                if mask is None:
+                    mask = masks[length] = window_mask(length, config.geometry, device)
+            positions, targets, weights = (torch.from_numpy(batch[k]).to(device) for k in ("positions", "targets",
+                                                                                           "weights"))
+            with autocast:
+                logits = answer_logits(model, ids, positions, mask)
+            losses = F.cross_entropy(logits, targets, reduction="none")
+            loss = (losses * weights).sum() / weights.sum()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            bar.update(1)
+            done = step + 1
+            if done % 25 == 0 or done == config.steps:
+                answer = torch.from_numpy(batch["answer"]).to(device)
+                accuracy = float((logits.argmax(-1) == targets)[answer].float().mean())
+                elapsed = trained_seconds + time.monotonic() - began
+                entry = {"step": done, "length": length, "streaming": batch["streaming"], "loss": round(loss.item(), 4),
+                         "answer_token_accuracy": round(accuracy, 4), "lr": learning_rate(config, step),
+                         "seconds": round(elapsed, 1)}
+                log.write(json.dumps(entry) + "\n")
+                log.flush()
+                bar.set_postfix(len=length, loss=f"{loss.item():.3f}", acc=f"{accuracy:.3f}")
+            if done % config.checkpoint_every == 0 and done < config.steps:
+                save(done, trained_seconds + time.monotonic() - began)
+            if max_minutes is not None and time.monotonic() - began > 60 * max_minutes and done < config.steps:
+                break
+    bar.close()
+    trained_seconds += time.monotonic() - began
+    save(done, trained_seconds)
+    return finish(model, vocab, config, output, done, trained_seconds, command)
+
+
+def finish(model, vocab: Vocab, config: TrainConfig, output: Path, steps_done: int, seconds: float,
+           command: str | None) -> dict[str, Any]:
+    """Export the model (bf16 safetensors + tokenizer), evaluate it, and write ``TRAINING.json``."""
+    from elastic_bench.provenance import provenance
+
+    model.eval()
+    device = next(model.parameters()).device
+    record: dict[str, Any] = {
+        "command": command,
+        "seed": config.seed,
+        "steps_done": steps_done,
+        "complete": steps_done >= config.steps,
+        "train_seconds": round(seconds, 1),
+        "config": dataclasses.asdict(config),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        **provenance(device),
+    }
+    if config.eval_samples:
+        record["evaluation"] = evaluation = {"samples_per_cell": config.eval_samples, "protocol": "teacher-forced "
+                                             "greedy exact match (elastic_bench.testbed.evaluate)"}
+        for label, geometry in (("full", None), ("streaming", config.geometry)):
+            results = exact_match(model, vocab, config.eval_lengths, config.eval_samples, streaming=geometry)
+            evaluation[label] = {"tasks": results, "families": family_means(results)}
+        evaluation["streaming"]["geometry"] = {"sink": config.streaming[0], "local": config.streaming[1]}
+    export(model, vocab, output, record)
+    return record
+
+
+def export(model, vocab: Vocab, output: Path, record: dict[str, Any]) -> None:
+    """Write the model in bf16 (``config.json``, ``generation_config.json``, ``model.safetensors``), the tokenizer
+    and ``TRAINING.json`` into ``output``."""
+    import copy
+
+    shipped = copy.deepcopy(model).to(device="cpu", dtype=torch.bfloat16)
+    shipped.generation_config.bos_token_id = vocab.bos_id
+    shipped.generation_config.eos_token_id = vocab.eos_id
+    shipped.generation_config.pad_token_id = vocab.pad_id
+    shipped.save_pretrained(output)
+    vocab.tokenizer().save_pretrained(output)
+    (output / RECORD).write_text(json.dumps(record, indent=2) + "\n")

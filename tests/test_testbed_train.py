@@ -1,0 +1,69 @@
+"""The testbed training loop at toy scale on the CPU: schedule, determinism, resume, export."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from elastic_bench.testbed.generators import SPECS
+from elastic_bench.testbed.train import Batches, TrainConfig, learning_rate, train
+from elastic_bench.testbed.vocab import build
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def test_curriculum_then_mixture_and_streaming_steps_train_robust_tasks_only():
+    config = TrainConfig(steps=1000, batch_tokens=4096, streaming_fraction=0.5)
+    batches = Batches(config, build())
+    rng = np.random.default_rng(0)
+    assert [batches.length_at(s, rng) for s in (0, 39, 40, 80, 120, 160)] == [256, 256, 512, 1024, 2048, 4096]
+    assert {batches.length_at(s, rng) for s in range(200, 400)} == {1024, 2048, 4096}
+    streaming = [s for s in range(200, 260) if batches[s]["streaming"]]
+    assert streaming and not any(batches[s]["streaming"] for s in range(0, 200, 7))
+    robust_instructions = {SPECS[t].instruction.split()[0] for t in batches.robust}
+    vocab = build()
+    for step in streaming[:3]:
+        batch = batches[step]
+        assert {vocab.tokens[row[1]] for row in batch["ids"]} <= robust_instructions
+    assert learning_rate(config, 0) < learning_rate(config, 19) == pytest.approx(config.lr)
+    assert learning_rate(config, 999) == pytest.approx(config.lr * config.min_lr_ratio, rel=1e-3)
+
+
+def test_batches_are_a_function_of_seed_and_step():
+    vocab = build()
+    a, b = Batches(TrainConfig(seed=3), vocab), Batches(TrainConfig(seed=4), vocab)
+    first, again, other = a[500], Batches(TrainConfig(seed=3), vocab)[500], b[500]
+    assert np.array_equal(first["ids"], again["ids"]) and not np.array_equal(first["ids"][0], other["ids"][0])
+    rows, cols = np.divmod(first["positions"], first["ids"].shape[1])
+    assert np.array_equal(first["ids"][rows, cols + 1], first["targets"])  # position t predicts token t+1
+    assert first["answer"].sum() > 0 and np.all(first["weights"][first["answer"]] == 1.0)
+
+
+TOY = dict(steps=3, batch_tokens=256, min_length=256, max_length=256, eval_samples=1, checkpoint_every=2)
+
+
+def test_interrupted_and_resumed_training_equals_one_run_and_exports_a_loadable_model(tmp_path):
+    from elastic_bench.models import load_model
+
+    config = TrainConfig(**TOY)
+    straight = train(config, tmp_path / "a", device="cpu", command="cmd", progress=False)
+    stopped = train(config, tmp_path / "b", device="cpu", max_minutes=1e-9, progress=False)
+    assert not stopped["complete"] and stopped["steps_done"] == 1
+    resumed = train(config, tmp_path / "b", device="cpu", progress=False)
+    assert straight["complete"] and resumed["complete"] and resumed["steps_done"] == 3
+    a = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)["model"]
+    b = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    record = json.loads((tmp_path / "a" / "TRAINING.json").read_text())
+    assert record["command"] == "cmd" and record["seed"] == 0 and record["versions"]["torch"]
+    assert set(record["evaluation"]["full"]["tasks"]) == {f"testbed_{n}" for n in SPECS}
+    assert record["evaluation"]["streaming"]["geometry"] == {"sink": 16, "local": 256}
+    model, tokenizer = load_model(str(tmp_path / "a"), dtype=torch.bfloat16, device="cpu")
+    assert model.num_parameters() == record["parameters"] == 6_729_984
+    assert (tmp_path / "a" / "model.safetensors").stat().st_size < 16 * 2**20
+    assert tokenizer.eos_token_id == build().eos_id and model.generation_config.eos_token_id == build().eos_id
+    with pytest.raises(ValueError, match="another configuration"):
+        train(TrainConfig(**(TOY | {"seed": 1})), tmp_path / "a", device="cpu", progress=False)
