@@ -17,7 +17,9 @@ Design decisions:
 - bf16 autocast on CUDA; optional gradient checkpointing of the decoder layers.
 - Output directory: ``router.safetensors`` + ``router_config.json`` (rewritten at every save), ``train_log.jsonl``
   (one line per step) and ``train_state.pt`` (resume state). Re-running the same command resumes from the last
-  save and does nothing once the run is complete; a different configuration in the same directory is an error.
+  save (a complete run is only evaluated again); a different configuration in the same directory is an error.
+- The final evaluation (hard ΩMSR per category with argmax routing on prompts of the training data) runs without
+  gradients on the fastest inference backend.
 """
 
 from __future__ import annotations
@@ -268,7 +270,9 @@ def train(config: TrainConfig, progress: bool = True, loaded: tuple[nn.Module, A
             if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
                 _save(output, config, bank, lambdas, optimizer, scheduler, step + 1, categories, ranks)
         bar.close()
-        final = evaluate_routing(method, handle, loss_model, eval_rows, categories, device)
+    # Evaluation needs no gradient: the fastest inference backend (a compiled one would recompile per prompt length).
+    with apply(method, model, backend="auto") as handle:
+        final = evaluate_routing(handle, loss_model, eval_rows, categories, device)
     table = lambdas.table(categories)
     result_lambdas = {c: (table["lambda1"][c], table["lambda2"][c]) for c in categories}
     if ranks.is_main:
@@ -335,8 +339,9 @@ def _chunk_cross_entropy(hidden: torch.Tensor, targets: torch.Tensor, head: nn.M
     return torch.nn.functional.cross_entropy(logits, targets, ignore_index=-100, reduction="sum")
 
 
-def evaluate_routing(method, handle, loss_model: LossModel, rows: list[PackedRow], categories: list[str], device):
-    """Mean hard ΩMSR per category with the deterministic (argmax) router on prompt-only rows."""
+def evaluate_routing(handle, loss_model: LossModel, rows: list[PackedRow], categories: list[str], device):
+    """Mean hard ΩMSR per category with the deterministic (argmax) routers of ``handle``'s method on prompt-only
+    rows."""
     sums, counts = [0.0] * len(categories), [0] * len(categories)
     with torch.no_grad(), _autocast(device):
         for row in rows:

@@ -65,6 +65,7 @@ def test_registered_with_pre_rope_keys():
     method = methods.get("elastic", mode="fa-xa")
     assert isinstance(method, Elastic) and method.needs_pre_rope_keys
     assert method.label() == "elastic-mode=fa-xa"
+    assert methods.get("elastic", router="runs/routers/qwen3-8b/").label() == "elastic-router=qwen3-8b"
 
 
 def test_untrained_routers_warn_and_route_every_head(tiny_models):

@@ -127,6 +127,29 @@ def test_gradient_checkpointing_recomputes_the_same_decisions(tmp_path):
     assert plain.log[0]["router_grad_norm"] == pytest.approx(ckpt.log[0]["router_grad_norm"], rel=1e-5)
 
 
+def test_length_padding_for_compiled_backends_changes_nothing(tmp_path, monkeypatch):
+    """With ``flex`` the training branches run on tensors zero-padded to a length bucket; here "flex" is the
+    reference kernel, so the padded run must train exactly the routers of the unpadded one."""
+    from elastic_bench.kernels import hybrid
+    from elastic_bench.kernels.reference import naive_hybrid_attention
+
+    seen = []
+
+    def spy(q, *args):
+        if torch.is_grad_enabled():  # training branches (the final evaluation runs without gradients, unpadded)
+            seen.append(q.shape[2])
+        return naive_hybrid_attention(q, *args)
+
+    monkeypatch.setitem(hybrid._BACKENDS, "flex", hybrid.Backend("flex", spy, lambda device: True, 10))
+    attention = ModeConfig(mode="fa-xa", sink=4, local=32, granularity="token", block_size=32, xa_stride=8)
+    plain = train(config(tmp_path / "a", steps=2, attention=attention), progress=False, loaded=fresh_model())
+    padded = train(config(tmp_path / "b", steps=2, attention=attention, backend="flex"), progress=False,
+                   loaded=fresh_model())
+    assert seen and all(length % 32 == 0 for length in seen)
+    for key, value in plain.routers.state_dict().items():
+        torch.testing.assert_close(padded.routers.state_dict()[key], value, rtol=1e-5, atol=1e-6)
+
+
 def test_interrupted_run_resumes_to_the_same_routers(tmp_path, monkeypatch):
     import elastic_bench.method.trainer as trainer
 

@@ -21,6 +21,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +85,12 @@ class Elastic(Method):
         self._train_r: dict[tuple[int, int], torch.Tensor] = {}  # (sample, layer) -> [H] straight-through r
         self._pending: torch.Tensor | None = None  # r of the call between prefill_plan and attend (training)
         self._sparse_side = self._routed = 0
+
+    def label(self) -> str:
+        """Name plus changed knobs (a run-folder name): a router path is shortened to its last component."""
+        if self.router is None:
+            return super().label()
+        return Method.label(dataclasses.replace(self, router=Path(self.router).name))
 
     def overrides(self) -> dict[str, Any]:
         """The `ModeConfig` fields set on this method (they replace a checkpoint's)."""
