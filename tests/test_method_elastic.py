@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -13,6 +14,9 @@ from elastic_bench.method import ModeConfig, RouterConfig, load_routers, save_ro
 from elastic_bench.methods.elastic import Elastic
 
 SMALL = dict(sink=4, local=16, granularity="token")
+NEEDS_XATTENTION = pytest.mark.skipif(
+    importlib.util.find_spec("elastic_bench.kernels.xattention") is None, reason="XAttention selection not installed"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -143,8 +147,8 @@ def test_decode_is_dense_and_prefill_chunks_reuse_the_first_decision(tiny_models
 
 @pytest.mark.parametrize("mode, full_mode, sparse_mode", [
     ("fa-ssa", Mode.FULL, Mode.STREAMING),
-    ("fa-xa", Mode.FULL, Mode.BLOCK_SPARSE),
-    ("xa-ssa", Mode.BLOCK_SPARSE, Mode.STREAMING),
+    pytest.param("fa-xa", Mode.FULL, Mode.BLOCK_SPARSE, marks=NEEDS_XATTENTION),
+    pytest.param("xa-ssa", Mode.BLOCK_SPARSE, Mode.STREAMING, marks=NEEDS_XATTENTION),
 ])
 def test_modes_map_router_sides(tiny_models, mode, full_mode, sparse_mode):
     model, tokenizer = tiny_models["qwen3"]

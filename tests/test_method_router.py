@@ -144,4 +144,4 @@ def test_lambda_ascent_enforces_the_constraint():
     opt.step()
     assert lam.lambda1[0] > before[0][0] and lam.lambda1[1] < before[0][1]
     assert bool((lam.lambda2 > before[1]).all())
-    assert lam.table(["a", "b"])["lambda1"]["a"] == pytest.approx(float(lam.lambda1[0]))
+    assert lam.table(["a", "b"])["lambda1"]["a"] == pytest.approx(float(lam.lambda1[0].detach()))

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from test_method_elastic import one_thread  # noqa: F401  (autouse fixture)
+from test_method_elastic import NEEDS_XATTENTION, one_thread  # noqa: F401  (one_thread: autouse fixture)
 
 from elastic_bench import apply
 from elastic_bench.method import ModeConfig, synthetic_records
@@ -127,6 +127,7 @@ def test_gradient_checkpointing_recomputes_the_same_decisions(tmp_path):
     assert plain.log[0]["router_grad_norm"] == pytest.approx(ckpt.log[0]["router_grad_norm"], rel=1e-5)
 
 
+@NEEDS_XATTENTION
 def test_length_padding_for_compiled_backends_changes_nothing(tmp_path, monkeypatch):
     """With ``flex`` the training branches run on tensors zero-padded to a length bucket; here "flex" is the
     reference kernel, so the padded run must train exactly the routers of the unpadded one."""
