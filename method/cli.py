@@ -54,6 +54,9 @@ def add_cli(sub) -> None:
     p.add_argument("--penalty", default="signed", choices=["signed", "abs"],
                    help="linear Lagrangian term λ1·(Ω−t) (paper) or λ1·|Ω−t| (official)")
     p.add_argument("--loss-tokens", default="all", choices=["all", "answer"], help="tokens of the LM loss")
+    p.add_argument("--relaxation", default="softmax", choices=["softmax", "sigmoid"],
+                   help="2-logit Gumbel-softmax router (paper, released checkpoints) or 1-logit Gumbel-sigmoid "
+                   "(App. F)")
     p.add_argument("--pooling", default="boundary", choices=["boundary", "mean"],
                    help="router pooling: first+last 100 prompt keys, or all prompt keys")
     p.add_argument("--train-pooling", choices=["boundary", "mean"],
@@ -80,9 +83,9 @@ def _train_router(args) -> int:
         model=args.model, data=args.data, output=args.output, steps=args.steps, rows_per_step=args.rows_per_step,
         pack_tokens=args.pack_tokens, max_tokens=args.max_tokens, router_lr=args.router_lr, lambda_lr=args.lambda_lr,
         lambda_weight_decay=args.lambda_weight_decay, tau_schedule=args.tau_schedule, penalty=args.penalty,
-        loss_tokens=args.loss_tokens, pooling=args.pooling, train_pooling=args.train_pooling, backend=args.backend,
-        gradient_checkpointing=args.gradient_checkpointing, device=args.device, dtype=args.dtype, seed=args.seed,
-        save_every=args.save_every,
+        loss_tokens=args.loss_tokens, pooling=args.pooling, relaxation=args.relaxation,
+        train_pooling=args.train_pooling, backend=args.backend, gradient_checkpointing=args.gradient_checkpointing,
+        device=args.device, dtype=args.dtype, seed=args.seed, save_every=args.save_every,
         attention=ModeConfig(args.mode, args.sink, args.local_window, args.granularity, xa_threshold=args.xa_threshold),
     )
     if args.target:

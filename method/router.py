@@ -14,7 +14,8 @@ Design decisions:
   (D → mD → D → 2), SiLU between, m = 4. The attribute names match the released checkpoints.
 - Output: 2 logits per KV head. **Index 1 means the full side (FULL, or XAttention in XA-SSA), index 0 the sparse
   side**, as in the official code and the released checkpoints (the paper's Eq. 6 words it the other way round).
-- ``num_logits=1`` is the Gumbel-sigmoid variant of App. F: a single logit per head, > 0 meaning the full side.
+- ``num_logits=1`` is the Gumbel-sigmoid variant of App. F: a single logit per head, > 0 meaning the full side
+  (without the official code's LayerNorm of the logits across heads; released checkpoints use 2 logits).
 - Initialisation: Linear weights ~ N(0, 0.02), biases 0 (the "neutral initialisation" of the paper).
 - Parameters stay in float32; the pooled keys are cast to float32 (autocast may still run the Linears in bf16).
 """

@@ -66,6 +66,8 @@ class TrainConfig:
         targets: target ΩMSR per category; every category of the data needs one.
         attention: what the router's sides mean (mode, streaming geometry, XAttention).
         hidden_mult, pooling: router architecture.
+        relaxation: ``"softmax"`` (2 logits per head, Gumbel-softmax: the paper's main setting and the released
+            checkpoints) or ``"sigmoid"`` (1 logit per head, Gumbel-sigmoid of App. F).
         train_pooling: pooling in training if different (``"mean"``: the official training's whole-prompt mean).
         router_lr, lambda_lr, weight_decay, lambda_weight_decay, betas, grad_clip, warmup, min_lr_ratio: optimizer.
         tau_schedule, tau_init, tau_min, tau_rate: Gumbel temperature (`temperature`).
@@ -91,6 +93,7 @@ class TrainConfig:
     attention: ModeConfig = field(default_factory=ModeConfig)
     hidden_mult: int = 4
     pooling: str = "boundary"
+    relaxation: str = "softmax"
     train_pooling: str | None = None
     router_lr: float = 5e-4
     lambda_lr: float = 1e-3
@@ -132,6 +135,7 @@ class TrainConfig:
             "loss_tokens must be 'all' or 'answer'": self.loss_tokens in ("all", "answer"),
             "tau_schedule must be 'exponential' or 'cosine'": self.tau_schedule in ("exponential", "cosine"),
             "pooling must be 'boundary' or 'mean'": self.pooling in ("boundary", "mean"),
+            "relaxation must be 'softmax' or 'sigmoid'": self.relaxation in ("softmax", "sigmoid"),
             "train_pooling must be 'boundary', 'mean' or None": self.train_pooling in (None, "boundary", "mean"),
             "dtype must be bfloat16, float16 or float32": self.dtype in (None, "bfloat16", "float16", "float32"),
             "save_every must be >= 1": self.save_every >= 1,
@@ -194,7 +198,7 @@ def train(config: TrainConfig, progress: bool = True, loaded: tuple[nn.Module, A
     gen = torch.Generator().manual_seed(config.seed)
     bank = RouterConfig(
         layers, kv_heads, head_dim, base_model=config.model, hidden_mult=config.hidden_mult, pooling=config.pooling,
-        attention=config.attention,
+        num_logits=2 if config.relaxation == "softmax" else 1, attention=config.attention,
     ).build()
     for router in bank.layers:
         router.reset_parameters(gen)

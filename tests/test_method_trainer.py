@@ -119,6 +119,22 @@ def test_acceptance_run_reaches_each_category_target(tmp_path):
     assert all(result.lambdas[c][1] > first["lambda2"][c] for c in TARGETS)
 
 
+def test_gumbel_sigmoid_routers_train_save_and_load(tmp_path, tiny_models):
+    from elastic_bench.method import load_routers
+
+    result = train(config(tmp_path, relaxation="sigmoid", router_lr=1e-2), progress=False, loaded=fresh_model())
+    assert result.routers[0].cls_router_head_agnostic[4].out_features == 1
+    assert all(record["router_grad_norm"] > 0 for record in result.log)
+    loaded = load_routers(tmp_path / "out")
+    assert loaded.config.num_logits == 1
+    model, tokenizer = tiny_models["qwen3"]
+    method = Elastic()
+    method.routers = loaded
+    with torch.no_grad(), apply(method, model, backend="reference") as handle:
+        model(tokenizer("some prompt " * 20, return_tensors="pt").input_ids)
+    assert handle.decisions().shape == (1, 2, 2)
+
+
 def test_gradient_checkpointing_recomputes_the_same_decisions(tmp_path):
     plain = train(config(tmp_path / "a", steps=1), progress=False, loaded=fresh_model())
     ckpt = train(config(tmp_path / "b", steps=1, gradient_checkpointing=True), progress=False, loaded=fresh_model())
