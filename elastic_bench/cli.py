@@ -168,6 +168,7 @@ COMMANDS: list[Callable[[Any], None]] = [_add_run, _add_listings, _add_demo]
 # must import nothing heavy at import time).
 PLUGIN_COMMANDS: tuple[str, ...] = (
     "elastic_bench.testbed.cli:add_cli",
+    "elastic_bench.kernels.bench:add_cli",
     "elastic_bench.method.cli:add_cli",
 )
 

@@ -4,9 +4,19 @@ Knows nothing of models. Public API: `HeadPlan` (what to compute), `hybrid_atten
 (how much it computes).
 """
 
+from . import adapters, flex, triton_hybrid
 from .hybrid import available_backends, backend_names, hybrid_attention, register_backend, resolve_backend
 from .plan import BlockSelection, HeadPlan, Mode, StreamingGeometry
 from .sparsity import PairCounts, causal_pairs, pair_counts
+from .xattention import xattention_select
+
+# GPU backends, fastest first (priorities from the H200 measurements in docs/benchmarks.md, "Kernels").
+register_backend("split", triton_hybrid.split_hybrid_attention, available=triton_hybrid.available, priority=30)
+register_backend("triton", triton_hybrid.triton_hybrid_attention, available=triton_hybrid.available, priority=20)
+register_backend("flex", flex.flex_hybrid_attention, available=flex.available, priority=10)
+register_backend("block_sparse_attn", adapters.block_sparse_attn, available=adapters.block_sparse_attn_available,
+                 priority=5)
+register_backend("flash_attn", adapters.flash_attn, available=adapters.flash_attn_available, priority=4)
 
 __all__ = [
     "BlockSelection",
@@ -21,4 +31,5 @@ __all__ = [
     "pair_counts",
     "register_backend",
     "resolve_backend",
+    "xattention_select",
 ]

@@ -1,0 +1,377 @@
+"""``elastic-bench bench kernel``: time the hybrid-attention backends on the cells of `reference/kernels.md` §11.
+
+Design decisions:
+- One run times every requested backend and dense `scaled_dot_product_attention` on the same inputs, so every ratio
+  is within one run: speedup vs dense SDPA and vs ``flex`` on the same plan.
+- Rates are effective TFLOP/s on attended pairs: ``4 · d · A / t`` with ``A`` the exact pair count of the plan over all
+  query heads (`pair_counts`), so a sparse cell is not credited for work it skips.
+- A call is timed end to end through `hybrid_attention`, per-call preparation included (the Triton work list, the
+  SDPA gather of ``split``), except FlexAttention's `BlockMask`, which is built once per plan and reported apart as
+  ``prep_ms`` (how FlexAttention is normally used and measured).
+- Timing: one warm-up call (compilation), then at least 3 and at most ``--repeats`` calls within about a second; the
+  median of CUDA-event times (wall clock on the CPU).
+- ``--check`` compares every backend with the ``reference`` backend at lengths up to ``--check-max`` (relative
+  Frobenius error), and the Triton XAttention selection with its PyTorch reference (fraction of differing blocks).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+CELLS: dict[str, str] = {
+    "dense": "all KV heads FULL",
+    "streaming": "all KV heads STREAMING (sink + local, block geometry)",
+    "fa-ssa": "KV heads 0, 2, 4, … FULL, 1, 3, 5, … STREAMING",
+    "block-sparse": "all KV heads BLOCK_SPARSE: first + diagonal + random blocks, --density of the causal blocks",
+    "three-way": "KV heads F S B F S B S B (2 FULL / 3 STREAMING / 3 BLOCK_SPARSE for 8 KV heads)",
+    "xattention": "XAttention estimation alone (stride 16, τ 0.9): scoring + selection + CSR",
+}
+_PATTERNS = {"dense": "F", "streaming": "S", "fa-ssa": "FS", "block-sparse": "B", "three-way": "FSBFSBSB"}
+
+
+@dataclass
+class KernelBenchConfig:
+    """What ``bench kernel`` measures (defaults: the shape of Llama-3.1-8B, as `reference/kernels.md` §11)."""
+
+    lengths: list[int] = field(default_factory=lambda: [8192, 16384, 32768, 65536, 131072])
+    cells: list[str] = field(default_factory=lambda: list(CELLS))
+    backends: list[str] | None = None
+    batch: int = 1
+    query_heads: int = 32
+    kv_heads: int = 8
+    head_dim: int = 128
+    dtype: str = "bfloat16"
+    density: float = 0.1
+    sink: int = 128
+    local: int = 2048
+    check: bool = False
+    check_max: int = 32768
+    repeats: int = 10
+    seed: int = 0
+    device: str | None = None
+
+    def __post_init__(self):
+        unknown = [c for c in self.cells if c not in CELLS]
+        if unknown:
+            raise ValueError(f"unknown cell(s) {', '.join(unknown)}; choose from: {', '.join(CELLS)}")
+        if self.query_heads % self.kv_heads:
+            raise ValueError(f"query heads ({self.query_heads}) must be a multiple of KV heads ({self.kv_heads})")
+        if not self.lengths or min(self.lengths) < 1:
+            raise ValueError(f"lengths must be positive token counts, got {self.lengths}")
+        if not 0 < self.density <= 1:
+            raise ValueError(f"density must be in (0, 1], got {self.density}")
+
+
+def cell_plan(cell: str, cfg: KernelBenchConfig, length: int, device, generator):
+    """The `HeadPlan` of a cell for one length (block size 128, block-granular streaming geometry)."""
+    import torch
+
+    from .plan import BlockSelection, HeadPlan, Mode, StreamingGeometry
+
+    letters = {"F": Mode.FULL, "S": Mode.STREAMING, "B": Mode.BLOCK_SPARSE}
+    pattern = _PATTERNS[cell]
+    modes = [int(letters[pattern[h % len(pattern)]]) for h in range(cfg.kv_heads)]
+    modes = torch.tensor([modes] * cfg.batch, dtype=torch.uint8, device=device)
+    blocks = None
+    if (modes == Mode.BLOCK_SPARSE).any():
+        blocks = BlockSelection.from_dense(random_blocks(cfg, length, device, generator))
+    return HeadPlan(modes, StreamingGeometry(cfg.sink, cfg.local, "block"), blocks, block_size=128)
+
+
+def random_blocks(cfg: KernelBenchConfig, length: int, device, generator):
+    """Bool ``[B, Hq, nB, nB]``: block 0, the diagonal, and random causal blocks so each row keeps about
+    ``density · (r + 1)`` blocks; one draw per KV head, shared by its query heads."""
+    import torch
+
+    n = -(-length // 128)
+    r = torch.arange(n, device=device)[:, None]
+    c = torch.arange(n, device=device)[None, :]
+    p = ((cfg.density * (r + 1) - 2) / (r - 1).clamp(min=1)).clamp(0, 1)
+    draw = torch.rand(cfg.batch, cfg.kv_heads, n, n, device=device, generator=generator) < p
+    mask = (draw & (c > 0) & (c < r)) | (c == 0) | (c == r)
+    return mask.repeat_interleave(cfg.query_heads // cfg.kv_heads, dim=1)
+
+
+def _timer(device):
+    import torch
+
+    if device.type == "cuda":
+
+        def measure(fn) -> float:
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            stop.record()
+            stop.synchronize()
+            return start.elapsed_time(stop)
+
+    else:
+
+        def measure(fn) -> float:
+            t = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t) * 1e3
+
+    return measure
+
+
+def time_call(fn, device, repeats: int) -> float:
+    """Median milliseconds of ``fn()`` after one warm-up call (see the module doc)."""
+    measure = _timer(device)
+    measure(fn)
+    times: list[float] = []
+    while len(times) < 3 or (len(times) < repeats and sum(times) < 1000.0):
+        times.append(measure(fn))
+    return statistics.median(times)
+
+
+def _peak_gib(fn, device) -> float | None:
+    import torch
+
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated(device) / 2**30
+
+
+def _rel_error(out, ref) -> float:
+    return float((out.float() - ref.float()).norm() / ref.float().norm().clamp(min=1e-30))
+
+
+def run_kernel_bench(cfg: KernelBenchConfig, progress: bool = True) -> dict[str, Any]:
+    """Run the benchmark; returns ``{"provenance", "config", "results": [record, ...]}``.
+
+    A record has ``length, cell, backend, ms`` and, where they apply, ``tflops`` (effective, attended pairs),
+    ``speedup_vs_sdpa``, ``speedup_vs_flex``, ``prep_ms``, ``peak_gib``, ``rel_error`` (vs reference), ``error`` (a
+    backend that failed), and for the XAttention cell ``fraction_of_dense``, ``density`` and ``mismatch`` (differing
+    blocks vs the reference selection, as a fraction of the causal blocks).
+    """
+    import torch
+    from tqdm import tqdm
+
+    from elastic_bench.provenance import provenance
+
+    from .hybrid import available_backends
+
+    device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    usable = available_backends(device)
+    backends = cfg.backends or [b for b in usable if b != "reference" or device.type == "cpu"]
+    missing = [b for b in backends if b not in usable]
+    if missing:
+        raise ValueError(f"backend(s) {', '.join(missing)} not available on {device}; available: {', '.join(usable)}")
+    xa_backends = ["triton", "reference"] if device.type == "cuda" and "triton" in usable else ["reference"]
+    attention_cells = [c for c in cfg.cells if c != "xattention"]
+    steps = len(cfg.lengths) * (1 + len(attention_cells) * len(backends) + ("xattention" in cfg.cells))
+    bar = tqdm(total=steps, desc="bench kernel", disable=not progress, file=sys.stderr)
+    records: list[dict[str, Any]] = []
+    gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    for length in cfg.lengths:
+        records += _bench_length(cfg, length, backends, xa_backends, device, gen, bar)
+    bar.close()
+    return {"provenance": provenance(device), "command": "elastic-bench " + " ".join(sys.argv[1:]),
+            "config": asdict(cfg), "results": records}
+
+
+def _bench_length(cfg: KernelBenchConfig, length: int, backends, xa_backends, device, gen, bar) -> list[dict[str, Any]]:
+    """Records of every cell and backend at one length (inputs drawn once, shared by all)."""
+    import torch
+    import torch.nn.functional as F
+
+    from . import hybrid_attention
+    from .sparsity import pair_counts
+    from .xattention import xattention_select
+
+    records: list[dict[str, Any]] = []
+    scale = cfg.head_dim**-0.5
+    dtype = getattr(torch, cfg.dtype)
+    shape_q = (cfg.batch, cfg.query_heads, length, cfg.head_dim)
+    shape_kv = (cfg.batch, cfg.kv_heads, length, cfg.head_dim)
+    q = torch.randn(shape_q, device=device, dtype=dtype, generator=gen)
+    k = torch.randn(shape_kv, device=device, dtype=dtype, generator=gen)
+    v = torch.randn(shape_kv, device=device, dtype=dtype, generator=gen)
+    checking = cfg.check and length <= cfg.check_max
+    attention_cells = [c for c in cfg.cells if c != "xattention"]
+
+    def sdpa():
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+
+    bar.set_postfix_str(f"{length} sdpa")
+    dense_flops = 4 * cfg.head_dim * cfg.query_heads * cfg.batch * length * (length + 1) / 2
+    sdpa_ms = time_call(sdpa, device, cfg.repeats)
+    records.append({"length": length, "cell": "dense", "backend": "sdpa", "ms": sdpa_ms,
+                    "tflops": dense_flops / sdpa_ms / 1e9, "speedup_vs_sdpa": 1.0,
+                    "peak_gib": _peak_gib(sdpa, device)})
+    bar.update()
+    for cell in attention_cells:
+        plan = cell_plan(cell, cfg, length, device, gen)
+        pairs = pair_counts(plan, length, length, cfg.query_heads)
+        flops = 4 * cfg.head_dim * float(pairs.attended.sum()) * (cfg.query_heads // cfg.kv_heads)
+        ref = hybrid_attention(q, k, v, plan, scale, backend="reference") if checking else None
+        cell_records = []
+        for backend in backends:
+            bar.set_postfix_str(f"{length} {cell} {backend}")
+            record: dict[str, Any] = {"length": length, "cell": cell, "backend": backend}
+            try:
+                record.update(_measure_backend(backend, q, k, v, plan, scale, ref, flops, sdpa_ms, cfg, device))
+            except Exception as err:  # one failing backend must not end the sweep; the table shows it
+                record["error"] = f"{type(err).__name__}: {err}"[:300]
+            cell_records.append(record)
+            bar.update()
+        flex_ms = next((r.get("ms") for r in cell_records if r["backend"] == "flex"), None)
+        for record in cell_records:
+            if flex_ms is not None and "ms" in record:
+                record["speedup_vs_flex"] = flex_ms / record["ms"]
+        records.extend(cell_records)
+        del ref
+    if "xattention" in cfg.cells:
+        bar.set_postfix_str(f"{length} xattention")
+        selections = {}
+        for backend in xa_backends if checking else xa_backends[:1]:
+
+            def estimate(backend=backend):
+                return xattention_select(q, k, 0.9, 16, 128, backend=backend)
+
+            selections[backend] = estimate()
+            ms = time_call(estimate, device, cfg.repeats)
+            dense = selections[backend].counts.sum().item() / (cfg.batch * cfg.query_heads * _causal_blocks(length))
+            records.append({"length": length, "cell": "xattention", "backend": backend, "ms": ms,
+                            "fraction_of_dense": ms / sdpa_ms, "density": dense})
+        if len(selections) == 2:
+            n = -(-length // 128)
+            a, b = (s.to_dense(n) for s in selections.values())
+            records[-2]["mismatch"] = float((a != b).sum()) / (cfg.batch * cfg.query_heads * _causal_blocks(length))
+        bar.update()
+    return records
+
+
+def _measure_backend(backend, q, k, v, plan, scale, ref, flops, sdpa_ms, cfg, device) -> dict[str, Any]:
+    import torch
+
+    from . import flex, hybrid_attention
+
+    record: dict[str, Any] = {}
+    if backend == "flex":
+        t = time.perf_counter()
+        mask = flex.block_mask(plan, q.shape[1], q.shape[2], k.shape[2], device)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        record["prep_ms"] = (time.perf_counter() - t) * 1e3
+
+        def call():
+            return flex.flex_hybrid_attention(q, k, v, plan, scale, mask=mask)
+
+    else:
+
+        def call():
+            return hybrid_attention(q, k, v, plan, scale, backend=backend)
+
+    if ref is not None:
+        record["rel_error"] = _rel_error(call(), ref)
+    record["ms"] = time_call(call, device, cfg.repeats)
+    record["tflops"] = flops / record["ms"] / 1e9
+    record["speedup_vs_sdpa"] = sdpa_ms / record["ms"]
+    record["peak_gib"] = _peak_gib(call, device)
+    return record
+
+
+def _causal_blocks(length: int) -> int:
+    n = -(-length // 128)
+    return n * (n + 1) // 2
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """Plain-text table of a `run_kernel_bench` report."""
+    head = f"{'length':>7} {'cell':13} {'backend':17} {'ms':>10} {'TFLOP/s':>8} {'xSDPA':>7} {'xflex':>6} {'err':>8} " \
+           f"{'GiB':>6}  note"
+    lines = [head, "-" * len(head)]
+    for r in report["results"]:
+
+        def fmt(key, spec, r=r):
+            return format(r[key], spec) if r.get(key) is not None else ""
+
+        note = ""
+        if r["cell"] == "xattention":
+            note = f"{100 * r['fraction_of_dense']:.2f}% of dense SDPA, density {r['density']:.3f}"
+            if "mismatch" in r:
+                note += f", {100 * r['mismatch']:.3f}% blocks differ from reference"
+        elif "prep_ms" in r:
+            note = f"BlockMask {r['prep_ms']:.1f} ms"
+        if "error" in r:
+            lines.append(f"{r['length']:>7} {r['cell']:13} {r['backend']:17} {'failed':>10}  {r['error']}")
+            continue
+        lines.append(
+            f"{r['length']:>7} {r['cell']:13} {r['backend']:17} {r['ms']:>10.3f} {fmt('tflops', '.0f'):>8} "
+            f"{fmt('speedup_vs_sdpa', '.2f'):>7} {fmt('speedup_vs_flex', '.2f'):>6} {fmt('rel_error', '.1e'):>8} "
+            f"{fmt('peak_gib', '.1f'):>6}  {note}"
+        )
+    prov = report["provenance"]
+    versions = ", ".join(f"{k} {v}" for k, v in prov["versions"].items() if v)
+    lines.append(f"{prov['date']} · {prov['device']} · {versions}")
+    return "\n".join(lines)
+
+
+# ---- command line --------------------------------------------------------------------------------------------------
+
+
+def add_cli(sub) -> None:
+    """Add ``bench kernel`` to the ``elastic-bench`` subcommands."""
+    from elastic_bench.cli import _csv, _lengths
+
+    bench = sub.add_parser("bench", help="micro-benchmarks (kernel)", description="Micro-benchmarks that print a table "
+                           "and write JSON.")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
+    p = bench_sub.add_parser(
+        "kernel",
+        help="time hybrid-attention backends against dense SDPA and FlexAttention",
+        description="Time every hybrid-attention backend available on the device, dense scaled_dot_product_attention "
+        "and the XAttention estimation on the cells of reference/kernels.md: "
+        + "; ".join(f"{k}: {v}" for k, v in CELLS.items())
+        + ". Prints a table (ms, effective TFLOP/s on attended pairs, speedup vs dense SDPA and vs flex) and writes "
+        "JSON with the versions and the device.",
+    )
+    p.add_argument("--lengths", type=_lengths, default=None,
+                   help="comma-separated sequence lengths, e.g. 8K,32K,128K (default 8K,16K,32K,64K,128K)")
+    p.add_argument("--cells", type=_csv, default=None, help=f"comma-separated cells (default all): {', '.join(CELLS)}")
+    p.add_argument("--backends", type=_csv, default=None,
+                   help="comma-separated backends (default: every one available on the device; dense SDPA always runs)")
+    p.add_argument("--output", default="runs/bench/kernel.json", help="JSON file (default runs/bench/kernel.json)")
+    p.add_argument("--check", action="store_true", help="compare every backend with the reference backend")
+    p.add_argument("--check-max", type=_lengths, default=[32768], help="longest length checked (default 32K)")
+    p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    p.add_argument("--query-heads", type=int, default=32, help="query heads (default 32)")
+    p.add_argument("--kv-heads", type=int, default=8, help="KV heads (default 8)")
+    p.add_argument("--head-dim", type=int, default=128, help="head dimension (default 128)")
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16", help="default bfloat16")
+    p.add_argument("--density", type=float, default=0.1, help="block-sparse density of causal blocks (default 0.1)")
+    p.add_argument("--sink", type=int, default=128, help="streaming sink tokens (default 128)")
+    p.add_argument("--local", type=int, default=2048, help="streaming local window tokens (default 2048)")
+    p.add_argument("--repeats", type=int, default=10, help="most timed calls per measurement (default 10)")
+    p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
+    p.add_argument("--device", help="cuda, cpu, cuda:1, ... (default: cuda when available)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(handler=_bench_kernel)
+
+
+def _bench_kernel(args) -> int:
+    cfg = KernelBenchConfig(
+        **{k: v for k, v in {"lengths": args.lengths, "cells": args.cells}.items() if v is not None},
+        backends=args.backends, batch=args.batch, query_heads=args.query_heads, kv_heads=args.kv_heads,
+        head_dim=args.head_dim, dtype=args.dtype, density=args.density, sink=args.sink, local=args.local,
+        check=args.check, check_max=args.check_max[0], repeats=args.repeats, seed=args.seed, device=args.device,
+    )
+    report = run_kernel_bench(cfg, progress=not args.no_progress)
+    print(format_table(report))
+    path = Path(args.output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1))
+    print(f"results: {path}")
+    return 0
