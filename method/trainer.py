@@ -266,6 +266,8 @@ def train(config: TrainConfig, progress: bool = True, loaded: tuple[nn.Module, A
             scheduler.step()
             record = _log_record(step, tau, scheduler, tally, categories, lambdas, began, device)
             record.update(grad_norm=float(grad_norm), router_grad_norm=float(router_grad_norm))
+            if ranks.world_size > 1 and "max_memory_gib" in record:
+                record["max_memory_gib_per_rank"] = ranks.gather(record["max_memory_gib"])
             log.append(record)
             if ranks.is_main:
                 _append_log(output, record)
@@ -274,13 +276,17 @@ def train(config: TrainConfig, progress: bool = True, loaded: tuple[nn.Module, A
             if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
                 _save(output, config, bank, lambdas, optimizer, scheduler, step + 1, categories, ranks)
         bar.close()
+    replica_diff = _replica_divergence(trainable, ranks)
+    if replica_diff:
+        raise RuntimeError(f"router replicas diverged across ranks (max abs difference {replica_diff:.3g})")
     # Evaluation needs no gradient: the fastest inference backend (a compiled one would recompile per prompt length).
     with apply(method, model, backend="auto") as handle:
         final = evaluate_routing(handle, loss_model, eval_rows, categories, device)
     table = lambdas.table(categories)
     result_lambdas = {c: (table["lambda1"][c], table["lambda2"][c]) for c in categories}
     if ranks.is_main:
-        _save(output, config, bank, lambdas, optimizer, scheduler, config.steps, categories, ranks, final)
+        _save(output, config, bank, lambdas, optimizer, scheduler, config.steps, categories, ranks, final,
+              replica_diff if ranks.world_size > 1 else None)
     ranks.barrier()
     return TrainResult(bank, result_lambdas, log, final)
 
@@ -429,6 +435,18 @@ def _all_reduce_grads(params: list[nn.Parameter]) -> None:
         offset += g.numel()
 
 
+def _replica_divergence(params: list[nn.Parameter], ranks) -> float:
+    """Largest absolute difference between this rank's routers/λ and any other rank's (0.0 for one process)."""
+    if ranks.world_size == 1:
+        return 0.0
+    import torch.distributed as dist
+
+    flat = torch.cat([p.detach().float().flatten() for p in params])
+    copies = [torch.empty_like(flat) for _ in range(ranks.world_size)]
+    dist.all_gather(copies, flat)
+    return max(float((c - flat).abs().max()) for c in copies)
+
+
 def _all_reduce_tally(tally: torch.Tensor, device: torch.device) -> torch.Tensor:
     import torch.distributed as dist
 
@@ -511,7 +529,8 @@ def _resume(output: Path, config: TrainConfig, bank, lambdas, optimizer, schedul
     return int(state["step"])
 
 
-def _save(output, config, bank, lambdas, optimizer, scheduler, step, categories, ranks, final=None) -> None:
+def _save(output, config, bank, lambdas, optimizer, scheduler, step, categories, ranks, final=None,
+          replica_diff=None) -> None:
     if not ranks.is_main:
         return
     from elastic_bench.provenance import provenance
@@ -522,6 +541,7 @@ def _save(output, config, bank, lambdas, optimizer, scheduler, step, categories,
         "categories": categories,
         **lambdas.table(categories),
         **({"final_omega_msr": final} if final is not None else {}),
+        **({"replica_max_abs_diff": replica_diff} if replica_diff is not None else {}),
         **provenance(next(bank.parameters()).device),
     }
     save_routers(bank, output)

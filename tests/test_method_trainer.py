@@ -242,6 +242,8 @@ def test_two_processes_on_gloo_give_the_same_router_as_one(tmp_path):
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-6)
+    training = json.loads((tmp_path / "two" / "router_config.json").read_text())["training"]
+    assert training["replica_max_abs_diff"] == 0.0  # both ranks hold the same routers
     logs = [(tmp_path / d / "train_log.jsonl").read_text().splitlines() for d in ("one", "two")]
     for x, y in zip(*logs):
         x, y = json.loads(x), json.loads(y)
