@@ -106,9 +106,10 @@ class Method:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     def label(self) -> str:
-        """Name plus the knobs that differ from their defaults, e.g. ``streaming-local=256``: used for run folders."""
+        """Name plus the knobs that differ from their defaults, e.g. ``streaming-local=256``: used for run folders
+        (a ``/`` in a value, e.g. a file path, is written ``%2F`` so the label stays one folder)."""
         changed = [
-            f"{f.name}={getattr(self, f.name)}"
+            f"{f.name}={str(getattr(self, f.name)).replace('%', '%25').replace('/', '%2F')}"
             for f in dataclasses.fields(self)
             if f.default is not dataclasses.MISSING and getattr(self, f.name) != f.default
         ]

@@ -36,6 +36,13 @@ def add_cli(sub) -> None:
     p.add_argument("--max-length", type=int, default=4096, help="longest curriculum length (default 4096)")
     p.add_argument("--eval-samples", type=int, default=100,
                    help="samples per task and length of the final evaluation (default 100; 0: none)")
+    p.add_argument("--min-length", type=int, default=256, help="first curriculum length (default 256)")
+    p.add_argument("--stage-fraction", type=float, default=0.04,
+                   help="fraction of the steps spent at each curriculum length (default 0.04)")
+    p.add_argument("--lr", type=float, default=1.5e-3, help="peak learning rate (default 1.5e-3)")
+    p.add_argument("--task-weights", type=_weights, metavar="TASK=W,...",
+                   help="sampling weights of the tasks, e.g. niah_multikey=0.5,repeat=0.2 (default: the built-in mix)")
+    p.add_argument("--init-from", help="start from this exported testbed model instead of a seeded initialisation")
     p.add_argument("--max-minutes", type=float, help="stop after this many minutes (checkpointed; rerun to resume)")
     p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -66,19 +73,44 @@ def add_cli(sub) -> None:
     p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     p.set_defaults(handler=_eval)
 
+    p = commands.add_parser(
+        "heads", help="find the retrieval heads by ablation and write DuoAttention-layout head gates",
+        description="Switch each KV head alone to streaming (sink 16, window 256) and write the relative drop of "
+        "niah_single exact match as its gate (TSV, layers × KV heads), usable as -O duo_attention.pattern=FILE.",
+    )
+    p.add_argument("--output", required=True, help="TSV file to write")
+    p.add_argument("--model", default="testbed", help="testbed (default) or a folder written by `testbed train`")
+    p.add_argument("--length", type=_lengths, default=[2048], help="prompt length in tokens (default 2K)")
+    p.add_argument("--samples", type=int, default=20, help="samples per head (default 20)")
+    p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    p.set_defaults(handler=_heads)
+
+
+def _weights(value: str) -> dict[str, float]:
+    import argparse
+
+    try:
+        return {name.strip(): float(w) for name, _, w in (item.partition("=") for item in value.split(","))}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"task weights look like niah_multikey=0.5,repeat=0.2: {value!r}") from None
+
 
 def _train(args) -> int:
     from .train import TrainConfig, train
 
     if args.max_minutes is not None and args.max_minutes <= 0:
         raise ValueError(f"--max-minutes must be positive, got {args.max_minutes}")
-    config = TrainConfig(seed=args.seed, steps=args.steps, batch_tokens=args.batch_tokens, max_length=args.max_length,
-                         eval_samples=args.eval_samples)
-    command = shlex.join([
-        "elastic-bench", "testbed", "train", "--output", args.output, "--seed", str(args.seed), "--steps",
-        str(args.steps), "--batch-tokens", str(args.batch_tokens), "--max-length", str(args.max_length),
-        "--eval-samples", str(args.eval_samples),
-    ])
+    options = dict(seed=args.seed, steps=args.steps, batch_tokens=args.batch_tokens, min_length=args.min_length,
+                   max_length=args.max_length, stage_fraction=args.stage_fraction, lr=args.lr,
+                   eval_samples=args.eval_samples, init_from=args.init_from)
+    if args.task_weights:
+        options["task_weights"] = args.task_weights
+    config = TrainConfig(**options)
+    flags = [f"--{key.replace('_', '-')}" for key in options]
+    values = [",".join(f"{k}={w}" for k, w in v.items()) if isinstance(v, dict) else str(v) for v in options.values()]
+    command = shlex.join(["elastic-bench", "testbed", "train", "--output", args.output]
+                         + [x for flag, v, raw in zip(flags, values, options.values()) if raw is not None
+                            for x in (flag, v)])
     record = train(config, args.output, args.device, args.max_minutes, command, progress=not args.no_progress)
     state = "complete" if record["complete"] else f"stopped at step {record['steps_done']} (rerun to resume)"
     print(f"testbed training {state}: {args.output}")
@@ -118,4 +150,20 @@ def _eval(args) -> int:
         with open(args.output, "w") as f:
             json.dump({"model": args.model, "samples": args.samples, "sink": args.sink, "local": args.local,
                        **results}, f, indent=2)
+    return 0
+
+
+def _heads(args) -> int:
+    from elastic_bench.models import load_model
+
+    from .heads import ablation_gates, write_gates
+    from .vocab import build
+
+    if len(args.length) != 1 or args.samples < 1:
+        raise ValueError("--length takes one length and --samples must be at least 1")
+    model, _ = load_model(args.model, device=args.device)
+    gates = ablation_gates(model, build(), args.length[0], args.samples)
+    write_gates(gates, args.output)
+    print(gates.round(2))
+    print(f"head gates written to {args.output}")
     return 0

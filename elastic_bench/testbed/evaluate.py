@@ -45,6 +45,7 @@ def exact_match(
     seed: int = 42,
     streaming: StreamingGeometry | None = None,
     batch_tokens: int = 65536,
+    tasks: list[str] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Exact-match accuracy in percent, ``{task: {str(length): pct}}`` for every testbed task.
 
@@ -56,12 +57,14 @@ def exact_match(
         seed: sample seed (42 is the harness default).
         streaming: None for full attention, else the sink + window geometry applied to every head.
         batch_tokens: tokens per forward.
+        tasks: `generators.SPECS` names to evaluate (default: all).
     """
     device = next(model.parameters()).device
     generator = Generator(vocab)
     autocast = torch.autocast("cuda", torch.bfloat16, enabled=device.type == "cuda")
     results: dict[str, dict[str, float]] = {}
-    for name, spec in SPECS.items():
+    for name in tasks or list(SPECS):
+        spec = SPECS[name]
         results[f"testbed_{name}"] = per_length = {}
         for length in lengths:
             sequences, targets = [], []

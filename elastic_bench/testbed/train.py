@@ -63,6 +63,8 @@ class TrainConfig:
         lr, warmup_fraction, min_lr_ratio, weight_decay, grad_clip: AdamW and its schedule.
         checkpoint_every: steps between checkpoints.
         eval_samples: samples per task and length of the final evaluation (0: none).
+        init_from: start from the weights of an exported testbed model (a folder with ``model.safetensors``)
+            instead of a seeded initialisation: a second training stage with another mixture.
     """
 
     seed: int = 0
@@ -84,6 +86,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     checkpoint_every: int = 500
     eval_samples: int = 100
+    init_from: str | None = None
 
     def __post_init__(self):
         if self.steps < 1 or self.batch_tokens < self.max_length:
@@ -241,7 +244,15 @@ def train(
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     vocab = build()
     torch.manual_seed(config.seed)
-    model = LlamaForCausalLM(model_config(vocab, config.max_length)).to(device)
+    model = LlamaForCausalLM(model_config(vocab, config.max_length))
+    if config.init_from:
+        from safetensors.torch import load_file
+
+        weights = Path(config.init_from) / "model.safetensors"
+        if not weights.exists():
+            raise FileNotFoundError(f"--init-from {config.init_from}: no model.safetensors there")
+        model.load_state_dict({k: v.float() for k, v in load_file(weights).items()})
+    model.to(device)
     optimizer = _optimizer(model, config, device)
     start, trained_seconds = 0, 0.0
     checkpoint = output / CHECKPOINT
@@ -348,5 +359,5 @@ def export(model, vocab: Vocab, output: Path, record: dict[str, Any]) -> None:
     shipped.generation_config.eos_token_id = vocab.eos_id
     shipped.generation_config.pad_token_id = vocab.pad_id
     shipped.save_pretrained(output)
-    vocab.tokenizer().save_pretrained(output)
+    vocab.save_tokenizer(output)
     (output / RECORD).write_text(json.dumps(record, indent=2) + "\n")

@@ -73,6 +73,18 @@ class Vocab:
         """Text of ``ids`` (special tokens dropped)."""
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=True)
 
+    def save_tokenizer(self, directory) -> None:
+        """Save `tokenizer` to ``directory`` (``tokenizer.json``, ``tokenizer_config.json``), with the class name
+        ``PreTrainedTokenizerFast`` that transformers 4.x and 5.x both load."""
+        import json
+        from pathlib import Path
+
+        self.tokenizer().save_pretrained(directory)
+        config_path = Path(directory) / "tokenizer_config.json"
+        config = json.loads(config_path.read_text())
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+        config_path.write_text(json.dumps(config, indent=2) + "\n")
+
     def tokenizer(self):
         """A transformers tokenizer over this vocabulary (``save_pretrained`` writes the usual files)."""
         from transformers import PreTrainedTokenizerFast

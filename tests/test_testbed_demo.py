@@ -1,0 +1,57 @@
+"""The shipped testbed checkpoint and a reduced `elastic-bench demo` end to end (CPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from elastic_bench import cli, methods
+from elastic_bench.models import TESTBED_DIR, load_model
+from elastic_bench.testbed.vocab import build
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def test_shipped_checkpoint_is_small_bf16_and_loads_offline_with_its_tokenizer():
+    from safetensors import safe_open
+
+    weights = TESTBED_DIR / "model.safetensors"
+    assert weights.stat().st_size <= 16 * 2**20
+    with safe_open(weights, "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+    model, tokenizer = load_model("testbed", device="cpu")
+    assert model.num_parameters() == 6_729_984
+    assert tokenizer.get_vocab() == build().index  # the shipped tokenizer is the one the generators build
+    record = json.loads((TESTBED_DIR / "TRAINING.json").read_text())
+    assert record["complete"] and record["command"].startswith("elastic-bench testbed train")
+
+
+def test_reduced_demo_runs_every_method_on_the_testbed(tmp_path, capsys):
+    output = tmp_path / "demo"
+    assert cli.main(["demo", "--output", str(output), "--limit", "1", "--lengths", "1K"]) == 0
+    printed = capsys.readouterr().out
+    assert f"demo results written to {output}" in printed
+    metrics = {p.parent.parent.parent.name.split("-")[0] + "/" + p.parent.parent.name: json.loads(p.read_text())
+               for p in output.glob("testbed/*/*/*/metrics.json")}
+    assert {key.split("/")[0] for key in metrics} == set(methods.names())
+    assert all(m["status"] == "complete" for m in metrics.values())
+    # the testbed's story: full attention finds the needle, all-streaming (window 256) loses it at 1K+
+    assert metrics["full/testbed_niah_single"]["score"] == 100.0
+    assert metrics["streaming/testbed_niah_single"]["omega_msr"] == 1.0
+    assert metrics["streaming/testbed_niah_recent"]["score"] == 100.0
+
+
+def test_head_ablation_finds_the_shipped_retrieval_head_and_writes_duo_gates(tmp_path):
+    from elastic_bench.methods.duo_attention import load_gates
+    from elastic_bench.testbed.heads import ablation_gates, write_gates
+
+    model, _ = load_model("testbed", dtype=torch.float32, device="cpu")
+    gates = ablation_gates(model, build(), length=512, samples=4, progress=False)
+    assert gates.shape == (6, 2) and gates[0, 0] >= 0.5  # layer 0, KV head 0 carries the needle
+    assert (gates > 0.25).sum() <= 2
+    write_gates(gates, tmp_path / "gates.tsv")
+    assert load_gates(tmp_path / "gates.tsv") == pytest.approx(gates.round(4))
+    shipped = load_gates(TESTBED_DIR / "head_gates.tsv")
+    assert shipped.shape == (6, 2) and shipped.argmax() == 0
