@@ -1,19 +1,22 @@
-"""Plain-PyTorch hybrid attention: the ground truth for every other backend.
+"""Plain-PyTorch hybrid attention: the ground truth for every other backend (and the CPU path).
 
-Chunked over queries so a 32K-token prompt fits in CPU memory: one chunk materialises ``[G, chunk, Lk]`` fp32 scores
-for the G query heads of one KV head. Accumulation is in fp32; the output takes the input dtype.
+One KV head (with its G query heads) at a time, in fp32. A FULL head of a one-shot prefill is causal
+``scaled_dot_product_attention``; every other head gets an explicit boolean mask built from the `masks` predicates,
+chunked over queries so that a 32K-token prompt fits in CPU memory (one chunk holds ``[G, chunk, Lk]`` booleans).
+Differentiable, so CPU router training runs through it.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from . import masks
 from .plan import HeadPlan, Mode
 
 
 def naive_hybrid_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: HeadPlan, scale: float, chunk_size: int = 512
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: HeadPlan, scale: float, chunk_size: int = 1024
 ) -> torch.Tensor:
     """Reference hybrid attention.
 
@@ -22,35 +25,37 @@ def naive_hybrid_attention(
         k, v: ``[B, H, Lk, D]`` keys/values, ``Hq % H == 0``, ``Lq <= Lk`` (bottom-right causal alignment).
         plan: modes ``[B, H]`` and geometry; see `HeadPlan`.
         scale: softmax scale.
-        chunk_size: queries per chunk.
+        chunk_size: queries per masked chunk.
 
     Returns:
         ``[B, Hq, Lq, D]`` in ``q.dtype``. A query whose block-sparse row selects no visible key outputs zeros.
     """
-    B, Hq, Lq, _ = q.shape
+    B, Hq, Lq, D = q.shape
     H, Lk = k.shape[1], k.shape[2]
     G = Hq // H
     bs = plan.block_size
-    n_key_blocks = -(-Lk // bs)
-    out = torch.empty_like(q)
     kv_pos = torch.arange(Lk, device=q.device)
     modes = plan.modes.tolist()
-    dense_blocks = plan.blocks.to_dense(n_key_blocks) if plan.has(Mode.BLOCK_SPARSE) else None
+    dense_blocks = plan.blocks.to_dense(-(-Lk // bs)) if plan.has(Mode.BLOCK_SPARSE) else None
+    rows = []
     for b in range(B):
         for h in range(H):
             mode = Mode(modes[b][h])
-            heads = slice(h * G, (h + 1) * G)
-            kf, vf = k[b, h].float(), v[b, h].float()
+            qh = q[b : b + 1, h * G : (h + 1) * G].float()  # [1, G, Lq, D] (4-D: SDPA's fused CPU kernels)
+            kh, vh = (x[b : b + 1, h : h + 1].float().expand(1, G, Lk, D) for x in (k, v))
+            if mode == Mode.FULL and Lq in (Lk, 1):  # plain causal prefill, or a decode step that sees every key
+                rows.append(F.scaled_dot_product_attention(qh, kh, vh, is_causal=Lq > 1, scale=scale))
+                continue
             if mode == Mode.BLOCK_SPARSE:
                 preds = [masks.block_sparse(dense_blocks[b, hq], bs) for hq in range(h * G, (h + 1) * G)]
             else:
                 preds = [masks.for_mode(mode, plan.streaming, bs)]
+            chunks = []
             for start in range(0, Lq, chunk_size):
                 stop = min(start + chunk_size, Lq)
                 q_pos = torch.arange(Lk - Lq + start, Lk - Lq + stop, device=q.device)
                 allowed = torch.stack([p(q_pos[:, None], kv_pos[None, :]) for p in preds])  # [G or 1, c, Lk]
-                scores = (q[b, heads, start:stop].float() @ kf.T) * scale  # [G, c, Lk]
-                scores = scores.masked_fill(~allowed, float("-inf"))
-                probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a query with no selected key outputs zeros
-                out[b, heads, start:stop] = (probs @ vf).to(q.dtype)
-    return out
+                out = F.scaled_dot_product_attention(qh[:, :, start:stop], kh, vh, attn_mask=allowed, scale=scale)
+                chunks.append(out.nan_to_num(0.0))  # a query with no visible key outputs zeros
+            rows.append(torch.cat(chunks, dim=2))
+    return torch.cat(rows, dim=1).view(B, Hq, Lq, D).to(q.dtype)
