@@ -3,9 +3,10 @@
 A sample counts as correct when, fed ``prompt + answer + </s>``, the model's argmax at every answer position is the
 answer token and at the last position ``</s>``: exactly the condition for greedy decoding to produce the answer and
 stop. The prompts are those of the registered tasks (`elastic_bench.testbed.tasks`, same seed and index), so these
-figures are what ``elastic-bench run --tasks testbed`` measures with its own generation loop (whose containment
-scoring can only be higher). Streaming is evaluated with the sink + local-window mask of
-`elastic_bench.kernels.masks.streaming` (token granularity), the semantics of ``methods.get("streaming", ...)``.
+figures are what ``elastic-bench run --tasks testbed`` measures with its own generation loop, up to numerics (its
+containment scoring accepts every exact match, and can accept more). Streaming is evaluated with the sink +
+local-window mask of `elastic_bench.kernels.masks.streaming` (token granularity), the semantics of
+``methods.get("streaming", ...)``.
 """
 
 from __future__ import annotations
