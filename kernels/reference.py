@@ -36,7 +36,7 @@ def naive_hybrid_attention(
     bs = plan.block_size
     kv_pos = torch.arange(Lk, device=q.device)
     modes = plan.modes.tolist()
-    dense_blocks = plan.blocks.to_dense(-(-Lk // bs)) if plan.has(Mode.BLOCK_SPARSE) else None
+    dense_blocks = plan.blocks.to_dense(-(-Lk // bs)).to(q.device) if plan.has(Mode.BLOCK_SPARSE) else None
     rows = []
     for b in range(B):
         for h in range(H):
