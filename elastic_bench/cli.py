@@ -151,15 +151,12 @@ def _add_demo(sub) -> None:
 
 def _demo(args) -> int:
     from elastic_bench import methods
-    from elastic_bench.models import TESTBED_DIR
     from elastic_bench.runner import RunConfig, format_rows, run
 
-    gates = str(TESTBED_DIR / "head_gates.tsv")  # retrieval heads of the testbed, by ablation (`testbed heads`)
-    testbed_options = {"streaming": {"sink": 16, "local": 256}, "duo_attention": {"pattern": gates},
-                       "prulong": {"pattern": gates}}
+    # The testbed ships its retrieval-head gates (duo_attention / prulong find them) and its router (elastic).
     names = methods.names()
     config = RunConfig(
-        model="testbed", methods=names, method_options={m: o for m, o in testbed_options.items() if m in names},
+        model="testbed", methods=names, method_options={"streaming": {"sink": 16, "local": 256}},
         tasks=["testbed"], lengths=args.lengths, limit=args.limit, output=args.output,
     )
     rows = run(config)

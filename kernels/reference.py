@@ -2,7 +2,8 @@
 
 One KV head (with its G query heads) at a time, in fp32. A FULL head of a one-shot prefill is causal
 ``scaled_dot_product_attention``; every other head gets an explicit boolean mask built from the `masks` predicates,
-chunked over queries so that a 32K-token prompt fits in CPU memory (one chunk holds ``[G, chunk, Lk]`` booleans).
+chunked over queries so that a 32K-token prompt fits in CPU memory. A chunk only reads the keys its predicate can
+reach (up to its last query; for STREAMING heads the sink and the window), so sparse heads also cost less here.
 Differentiable, so CPU router training runs through it.
 """
 
@@ -54,8 +55,24 @@ def naive_hybrid_attention(
             for start in range(0, Lq, chunk_size):
                 stop = min(start + chunk_size, Lq)
                 q_pos = torch.arange(Lk - Lq + start, Lk - Lq + stop, device=q.device)
-                allowed = torch.stack([p(q_pos[:, None], kv_pos[None, :]) for p in preds])  # [G or 1, c, Lk]
-                out = F.scaled_dot_product_attention(qh[:, :, start:stop], kh, vh, attn_mask=allowed, scale=scale)
+                keys = kv_pos[_reachable(mode, plan, int(q_pos[0]), int(q_pos[-1]))]
+                allowed = torch.stack([p(q_pos[:, None], keys[None, :]) for p in preds])  # [G or 1, c, keys]
+                out = F.scaled_dot_product_attention(
+                    qh[:, :, start:stop], kh[:, :, keys], vh[:, :, keys], attn_mask=allowed, scale=scale
+                )
                 chunks.append(out.nan_to_num(0.0))  # a query with no visible key outputs zeros
             rows.append(torch.cat(chunks, dim=2))
     return torch.cat(rows, dim=1).view(B, Hq, Lq, D).to(q.dtype)
+
+
+def _reachable(mode: Mode, plan: HeadPlan, first: int, last: int) -> torch.Tensor:
+    """Indices ``[n]`` of the keys that queries at positions ``first..last`` can see under ``mode``."""
+    if mode != Mode.STREAMING:
+        return torch.arange(last + 1)
+    geometry, bs = plan.streaming, plan.block_size
+    if geometry.granularity == "token":
+        sink, low = geometry.sink, max(0, first - geometry.local + 1)
+    else:
+        sink_blocks, local_blocks = geometry.blocks(bs)
+        sink, low = sink_blocks * bs, max(0, (first // bs - local_blocks + 1) * bs)
+    return torch.cat([torch.arange(min(sink, low)), torch.arange(low, last + 1)])

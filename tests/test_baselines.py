@@ -9,6 +9,7 @@ import torch
 from elastic_bench import apply, methods
 from elastic_bench.kernels import Mode
 from elastic_bench.methods.duo_attention import PATTERNS_DIR, binarize, load_gates
+from elastic_bench.models import load_model
 
 
 def test_shipped_llama_pattern_statistics():
@@ -55,11 +56,54 @@ def test_layout_mismatch_and_missing_pattern_are_clear(tiny_models, tmp_path):
     with pytest.raises(ValueError, match="3 layers × 2 KV heads; the model has 2 layers × 2 KV heads"):
         with apply(methods.get("duo_attention", pattern=str(path)), model):
             pass
-    with pytest.raises(FileNotFoundError, match="no shipped head pattern"):
+    with pytest.raises(FileNotFoundError, match="no head gates shipped .*DuoAttention patterns: Meta-Llama"):
         with apply(methods.get("duo_attention"), model):
             pass
-    with pytest.raises(ValueError, match="prulong needs pattern"):
+    with pytest.raises(FileNotFoundError, match=r"\(no head_gates.tsv in its directory\); pass pattern"):
         with apply(methods.get("prulong"), model):
             pass
     assert model.config._attn_implementation == "sdpa"
     assert not model._forward_pre_hooks  # nothing left attached by the failed setups
+
+
+def test_gates_shipped_in_the_model_directory_are_found(tmp_path):
+    """`pattern="auto"` takes ``<model dir>/head_gates.tsv`` (how the testbed ships its retrieval heads)."""
+    from elastic_bench.models import TESTBED_DIR
+
+    model, tokenizer = load_model("testbed", device="cpu")
+    ids = tokenizer("the", return_tensors="pt").input_ids.repeat(1, 300)
+    expected = binarize(load_gates(TESTBED_DIR / "head_gates.tsv"), 0.5)
+    for name in ("duo_attention", "prulong"):
+        method = methods.get(name, sparsity=0.5)
+        with torch.no_grad(), apply(method, model) as handle:
+            model(ids)
+        assert (handle.decisions()[0].numpy() == Mode.FULL).tolist() == expected.tolist()
+
+
+def test_xattention_threshold_bounds(tiny_models):
+    """τ = 1 keeps every causal block (full attention, ΩESR 0); τ = 0 keeps only the sink and diagonal blocks."""
+    from elastic_bench.kernels import HeadPlan, Mode, pair_counts
+    from elastic_bench.kernels.plan import BlockSelection
+
+    model, tokenizer = tiny_models["qwen3"]
+    ids = tokenizer("needle in a haystack " * 20, return_tensors="pt").input_ids  # 420 tokens, 27 blocks of 16
+    with torch.no_grad():
+        expected = model(ids).logits
+        with apply(methods.get("xattention", threshold=1.0, stride=8, block_size=16), model) as handle:
+            every = model(ids).logits
+        assert (every - expected).abs().max() <= 1e-4
+        assert handle.stats()["omega_msr"] == 1.0 and handle.stats()["omega_esr"] == pytest.approx(0.0, abs=1e-12)
+        with apply(methods.get("xattention", threshold=0.0, stride=8, block_size=16), model) as handle:
+            model(ids)
+    L, n = ids.shape[1], -(-ids.shape[1] // 16)
+    sink_and_diagonal = torch.eye(n, dtype=torch.bool)
+    sink_and_diagonal[:, 0] = True
+    plan = HeadPlan.uniform(Mode.BLOCK_SPARSE, 1, 1, blocks=BlockSelection.from_dense(sink_and_diagonal[None, None]),
+                            block_size=16)
+    counts = pair_counts(plan, L, L, 1)
+    assert handle.stats()["omega_esr"] == pytest.approx(1 - float(counts.attended[0, 0]) / counts.causal)
+
+
+def test_xattention_options_are_validated():
+    with pytest.raises(ValueError, match="must divide"):
+        methods.get("xattention", stride=24)

@@ -5,13 +5,13 @@
   [0, 1], plus U(0, 1e-6) tie-breaking noise (seeded), threshold = the ``sparsity`` quantile, retrieval iff
   α ≥ threshold. Streaming heads keep a token-exact sink 64 + window 256 (the README deployment).
 - PruLong ("Cache Me If You Can", https://arxiv.org/abs/2506.17121): a gate file in the same layout (0/1 masks, or
-  log-alphas binarised by the same quantile rule), streaming heads with sink 128 + window 1024.
+  gates binarised by the same quantile rule), streaming heads with sink 128 + window 1024.
 
-The gates are data files: shipped DuoAttention patterns (Llama-3.1-8B-Instruct, Mistral-7B-Instruct-v0.2, MIT
-licence, see ``data/duo_attention_patterns/NOTICE.md``) are found by model name; any other model needs
-``pattern=<dir or tsv>``. Prefill is one-shot (upstream's dense-first-chunk deployment is not reproduced); decode
-steps of streaming heads see only sink + window, as upstream's compressed cache does (compute only: the KV cache is
-not evicted).
+The gates are data files: a ``head_gates.tsv`` inside the model directory (the testbed ships one, from head
+ablation), or the shipped DuoAttention patterns (Llama-3.1-8B-Instruct, Mistral-7B-Instruct-v0.2, MIT licence, see
+``data/duo_attention_patterns/NOTICE.md``) found by model name; any other model needs ``pattern=<dir or tsv>``.
+Prefill is one-shot (upstream's dense-first-chunk deployment is not reproduced); decode steps of streaming heads see
+only sink + window, as upstream's compressed cache does (compute only: the KV cache is not evicted).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -60,20 +61,27 @@ def binarize(gates: np.ndarray, sparsity: float | None, seed: int = 0) -> np.nda
     return noisy >= np.quantile(noisy, sparsity)
 
 
-def shipped_pattern(model: nn.Module) -> Path:
-    """The shipped DuoAttention pattern whose model name matches ``model``'s, or a clear error."""
+MODEL_GATES = "head_gates.tsv"  # a gate file shipped inside a model directory (e.g. the testbed's)
+
+
+def shipped_pattern(model: nn.Module, duo_patterns: bool = True) -> Path:
+    """The gates shipped with ``model``: ``<model dir>/head_gates.tsv``, else (with ``duo_patterns``) the shipped
+    DuoAttention pattern whose model name matches, else a clear error."""
 
     def norm(name: str) -> str:
         return re.sub(r"^meta-", "", Path(name).name.lower())
 
-    name = norm(getattr(model.config, "_name_or_path", "") or "")
-    shipped = sorted(p.name for p in PATTERNS_DIR.iterdir() if p.is_dir())
+    source = getattr(model.config, "_name_or_path", "") or ""
+    if source and (Path(source) / MODEL_GATES).exists():
+        return Path(source) / MODEL_GATES
+    shipped = sorted(p.name for p in PATTERNS_DIR.iterdir() if p.is_dir()) if duo_patterns else []
     for candidate in shipped:
-        if norm(candidate) == name:
+        if norm(candidate) == norm(source):
             return PATTERNS_DIR / candidate
     raise FileNotFoundError(
-        f"no shipped head pattern for model {name or '(unnamed)'!r} (shipped: {', '.join(shipped)}); "
-        "pass pattern=<folder or full_attention_heads.tsv>"
+        f"no head gates shipped for model {norm(source) or '(unnamed)'!r} (no {MODEL_GATES} in its directory"
+        + (f"; DuoAttention patterns: {', '.join(shipped)}" if shipped else "")
+        + "); pass pattern=<folder or full_attention_heads.tsv>"
     )
 
 
@@ -83,7 +91,8 @@ class DuoAttention(Method):
     """DuoAttention: retrieval heads FULL, the other KV heads streaming (static, from a learned gate file).
 
     Args:
-        pattern: folder or TSV of gates; ``"auto"`` looks for a shipped pattern matching the model name.
+        pattern: folder or TSV of gates; ``"auto"``: ``head_gates.tsv`` in the model directory, else a shipped
+            DuoAttention pattern matching the model name.
         sparsity: fraction of KV heads made streaming (global quantile); None thresholds the gates at 0.5.
         seed: seed of the tie-breaking noise.
         sink, local: streaming geometry in tokens (window counts the query itself).
@@ -97,10 +106,12 @@ class DuoAttention(Method):
     local: int = 256
     sparse_decode: bool = True
 
+    duo_patterns: ClassVar[bool] = True  # whether "auto" may take a shipped DuoAttention pattern
+
     def setup(self, model: nn.Module) -> None:
         from elastic_bench.attention import attention_modules
 
-        path = shipped_pattern(model) if self.pattern == "auto" else Path(self.pattern)
+        path = shipped_pattern(model, self.duo_patterns) if self.pattern == "auto" else Path(self.pattern)
         gates = load_gates(path)
         modules = attention_modules(model)
         expected = (len(modules), model.config.num_key_value_heads)
@@ -130,15 +141,12 @@ class DuoAttention(Method):
 class PruLong(DuoAttention):
     """PruLong: a learned (L0-gated) gate file in DuoAttention's layout; streaming sink 128 + window 1024.
 
-    No PruLong masks are released upstream, so ``pattern`` must be given (0/1 masks: ``sparsity=None``).
+    No PruLong masks are released upstream: ``pattern`` must be given, or the model directory must ship a
+    ``head_gates.tsv`` (0/1 masks: ``sparsity=None``).
     """
 
-    pattern: str = ""
     sparsity: float | None = None
     sink: int = 128
     local: int = 1024
 
-    def setup(self, model: nn.Module) -> None:
-        if not self.pattern:
-            raise ValueError("prulong needs pattern=<folder or TSV of head masks>: no PruLong masks are released")
-        super().setup(model)
+    duo_patterns: ClassVar[bool] = False
