@@ -165,9 +165,30 @@ def _demo(args) -> int:
     return 0 if all(r["status"] == "complete" for r in rows) else 1
 
 
+# ---- lm-eval -------------------------------------------------------------------------------------------------------
+
+
+def _add_lm_eval(sub) -> None:
+    p = sub.add_parser(
+        "lm-eval", help="run lm-evaluation-harness with a method applied (--model elastic)", add_help=False,
+        description="lm-evaluation-harness's own command line, with the model `elastic` registered: "
+        "`elastic-bench lm-eval run --model elastic --model_args pretrained=M,method=NAME,method_<knob>=V --tasks T`. "
+        "Scores follow lm-eval's protocol, not the official one of `elastic-bench run`. Needs the lm-eval extra.",
+    )
+    p.set_defaults(handler=_lm_eval, passthrough=True)  # every argument goes to lm_eval, --help included
+
+
+def _lm_eval(args) -> int:
+    try:
+        from elastic_bench.lm_eval_bridge import cli
+    except ImportError as err:
+        raise ValueError(f"lm-eval is not installed ({err}); pip install 'elastic-bench[lm-eval]'") from None
+    return cli(args.passthrough_args)
+
+
 # ---- entry point -------------------------------------------------------------------------------------------------
 
-COMMANDS: list[Callable[[Any], None]] = [_add_run, _add_listings, _add_demo]
+COMMANDS: list[Callable[[Any], None]] = [_add_run, _add_listings, _add_demo, _add_lm_eval]
 # Subcommands defined next to the code they drive, as "module:function" (the function adds its parser; the module
 # must import nothing heavy at import time).
 PLUGIN_COMMANDS: tuple[str, ...] = (
@@ -193,7 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if getattr(args, "passthrough", False):
+        args.passthrough_args = extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     from elastic_bench.registry import UnknownNameError
 
     try:
