@@ -155,7 +155,6 @@ def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunCo
     from tqdm.auto import tqdm
 
     from elastic_bench.attention import apply
-    from elastic_bench.generation import greedy_generate
     from elastic_bench.kernels import resolve_backend
 
     if ranks.is_main:
@@ -169,34 +168,7 @@ def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunCo
     try:
         with apply(method, model, backend=config.backend) as handle:
             for sample in tqdm(mine, desc=desc, disable=not (progress and ranks.is_main), leave=False, file=sys.stderr):
-                earlier: list[str] = []  # predictions of earlier turns (a task's follow_up, e.g. chain of thought)
-                while True:
-                    handle.reset()
-                    gen = greedy_generate(
-                        model, sample.input_ids, sample.max_new_tokens, stop_ids | set(sample.stop_token_ids),
-                        sample.min_new_tokens,
-                    )
-                    prediction = tokenizer.decode(gen.tokens, skip_special_tokens=True)
-                    follow_up = task.follow_up(sample, prediction, tokenizer)
-                    if follow_up is None:
-                        break
-                    earlier.append(prediction)
-                    sample = follow_up
-                record = {
-                    "id": sample.id,
-                    "prediction": prediction,
-                    **({"earlier_turns": earlier} if earlier else {}),
-                    "references": sample.references,
-                    "score": task.score(prediction, sample),
-                    "metadata": sample.metadata,
-                    "input_tokens": len(sample.input_ids),
-                    "output_tokens": len(gen.tokens),
-                    "prefill_seconds": gen.prefill_seconds,
-                    "decode_seconds": gen.decode_seconds,
-                    **handle.stats()["per_sample"][0],
-                    "decisions": handle.decisions()[0].tolist(),
-                }
-                cell.append(record, shard)
+                cell.append(_predict(model, tokenizer, task, sample, handle, stop_ids), shard)
     except torch.cuda.OutOfMemoryError:
         error = f"out of memory at {cell.length} tokens (rank {ranks.rank})"
         torch.cuda.empty_cache()
@@ -221,6 +193,37 @@ def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunCo
                 }
             )
     ranks.barrier()
+
+
+def _predict(model, tokenizer, task, sample, handle, stop_ids) -> dict[str, Any]:
+    """Generate for one sample (and the task's follow-up turns, e.g. chain of thought); its prediction record."""
+    from elastic_bench.generation import greedy_generate
+
+    earlier: list[str] = []  # predictions of earlier turns
+    while True:
+        handle.reset()
+        stops = stop_ids | set(sample.stop_token_ids)
+        gen = greedy_generate(model, sample.input_ids, sample.max_new_tokens, stops, sample.min_new_tokens)
+        prediction = tokenizer.decode(gen.tokens, skip_special_tokens=True)
+        follow_up = task.follow_up(sample, prediction, tokenizer)
+        if follow_up is None:
+            break
+        earlier.append(prediction)
+        sample = follow_up
+    return {
+        "id": sample.id,
+        "prediction": prediction,
+        **({"earlier_turns": earlier} if earlier else {}),
+        "references": sample.references,
+        "score": task.score(prediction, sample),
+        "metadata": sample.metadata,
+        "input_tokens": len(sample.input_ids),
+        "output_tokens": len(gen.tokens),
+        "prefill_seconds": gen.prefill_seconds,
+        "decode_seconds": gen.decode_seconds,
+        **handle.stats()["per_sample"][0],
+        "decisions": handle.decisions()[0].tolist(),
+    }
 
 
 def _mean(records: list[dict[str, Any]], key: str) -> float:
