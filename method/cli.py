@@ -53,7 +53,8 @@ def add_cli(sub) -> None:
                    help="Gumbel temperature schedule: paper exp decay or the official cosine 1.5 → 1.0 over 60%%")
     p.add_argument("--penalty", default="signed", choices=["signed", "abs"],
                    help="linear Lagrangian term λ1·(Ω−t) (paper) or λ1·|Ω−t| (official)")
-    p.add_argument("--loss-tokens", default="all", choices=["all", "answer"], help="tokens of the LM loss")
+    p.add_argument("--loss-tokens", default="answer", choices=["all", "answer"],
+                   help="tokens of the LM loss: the answer's (default) or all (official code)")
     p.add_argument("--relaxation", default="softmax", choices=["softmax", "sigmoid"],
                    help="2-logit Gumbel-softmax router (paper, released checkpoints) or 1-logit Gumbel-sigmoid "
                    "(App. F)")

@@ -17,8 +17,9 @@ Design decisions:
   router pools, are kept).
 - Packing: samples sorted by length (longest first) go first-fit into rows of at most ``pack_tokens`` tokens; each
   row keeps its samples' boundaries (``cu_seqlens``), restarted positions, prompt lengths and categories.
-- LM-loss targets: every next token inside a sample (``loss_tokens="all"``, the official choice: only each sample's
-  first token is not predicted) or the answer tokens only (``"answer"``).
+- LM-loss targets: the answer tokens only (``loss_tokens="answer"``, the default: the loss then measures what
+  routing costs the task) or every next token inside a sample (``"all"``, the official code's choice: only each
+  sample's first token is not predicted).
 """
 
 from __future__ import annotations
@@ -193,7 +194,7 @@ def tokenize(
     return out
 
 
-def pack(samples: list[TokenizedExample], pack_tokens: int, loss_tokens: LossTokens = "all") -> list[PackedRow]:
+def pack(samples: list[TokenizedExample], pack_tokens: int, loss_tokens: LossTokens = "answer") -> list[PackedRow]:
     """First-fit-decreasing packing into rows of at most ``pack_tokens`` tokens (deterministic)."""
     if loss_tokens not in ("all", "answer"):
         raise ValueError(f"loss_tokens must be 'all' or 'answer', got {loss_tokens!r}")

@@ -72,7 +72,8 @@ class TrainConfig:
         router_lr, lambda_lr, weight_decay, lambda_weight_decay, betas, grad_clip, warmup, min_lr_ratio: optimizer.
         tau_schedule, tau_init, tau_min, tau_rate: Gumbel temperature (`temperature`).
         penalty: ``"signed"`` (paper) or ``"abs"`` (official); t_interval: optional tolerance around targets.
-        loss_tokens: LM loss on ``"all"`` tokens (official) or ``"answer"`` tokens.
+        loss_tokens: LM loss on the ``"answer"`` tokens (default, as issue 4 asks) or on ``"all"`` tokens (official
+            code; ``reference/method.md`` §9 #15).
         synthetic_samples, synthetic_length: size of the synthetic data set.
         backend: differentiable attention backend; None = ``reference`` on CPU, ``flex`` on CUDA.
         gradient_checkpointing: recompute decoder layers in backward.
@@ -109,7 +110,7 @@ class TrainConfig:
     tau_rate: float = 0.6
     penalty: str = "signed"
     t_interval: tuple[float, float] | None = None
-    loss_tokens: str = "all"
+    loss_tokens: str = "answer"
     synthetic_samples: int = 256
     synthetic_length: int = 400
     backend: str | None = None

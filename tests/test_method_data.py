@@ -97,7 +97,7 @@ def _sample(n: int, prompt_len: int, category: int, start: int) -> TokenizedExam
 
 def test_packing_keeps_samples_apart():
     samples = [_sample(6, 4, 0, 100), _sample(3, 2, 1, 200), _sample(5, 1, 0, 300)]
-    rows = pack(samples, pack_tokens=9)
+    rows = pack(samples, pack_tokens=9, loss_tokens="all")
     assert [r.cu_seqlens.tolist() for r in rows] == [[0, 6, 9], [0, 5]]  # first fit, longest first
     row = rows[0]
     assert row.input_ids.tolist() == list(range(100, 106)) + [200, 201, 202]
@@ -105,7 +105,7 @@ def test_packing_keeps_samples_apart():
     assert row.prompt_lens == [4, 2] and row.categories.tolist() == [0, 1]
     # every next token inside a sample is a target; nothing crosses a sample boundary
     assert row.targets.tolist() == [101, 102, 103, 104, 105, -100, 201, 202, -100]
-    answer = pack(samples, pack_tokens=9, loss_tokens="answer")[0]
+    answer = pack(samples, pack_tokens=9)[0]  # the default: answer tokens only
     assert answer.targets.tolist() == [-100, -100, -100, 104, 105, -100, -100, 202, -100]
     with pytest.raises(ValueError, match="exceeds pack_tokens"):
         pack(samples, pack_tokens=5)
