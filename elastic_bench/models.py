@@ -1,15 +1,18 @@
 """Model loading: a local path or hub id, the tiny random models ``tiny:qwen3`` / ``tiny:llama``, ``testbed``, or
 ``random:<preset>``.
 
-The tiny models are random weights from a small config (seeded), with a byte-level tokenizer built offline: they
-need no download and exist for tests and smoke runs. ``testbed`` is the project's own small long-context model,
-shipped inside the package. ``random:llama-3.1-8b`` / ``random:qwen3-8b`` are random weights at the real shapes,
-built directly on the target device, for speed and memory measurements (the byte tokenizer comes with them).
+The tiny models are random weights from a small config (seeded), with tokenizers built offline: byte-level for
+``tiny:qwen3``, a small subword (byte-level BPE) vocabulary trained on the spot for ``tiny:llama``, so tests see two
+tokenizers of different granularity. They need no download and exist for tests and smoke runs. ``testbed`` is the
+project's own small long-context model, shipped inside the package. ``random:llama-3.1-8b`` / ``random:qwen3-8b`` are
+random weights at the real shapes, built directly on the target device, for speed and memory measurements (with the
+byte-level tokenizer).
 """
 
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -60,7 +63,8 @@ def load_model(spec: str, dtype: torch.dtype | None = None, device: str | torch.
         arch = spec.removeprefix("tiny:")
         if arch not in TINY_ARCHITECTURES:
             raise did_you_mean("model", spec, NAMED_MODELS)
-        model, tokenizer = tiny_model(arch), byte_tokenizer()
+        tokenizer = bpe_tokenizer() if arch == "llama" else byte_tokenizer()
+        model = tiny_model(arch, tokenizer)
         model.to(device=device, dtype=dtype)
     elif spec.startswith("random:"):
         preset = spec.removeprefix("random:")
@@ -104,8 +108,6 @@ def _config(arch: str, **fields):
     common = dict(
         max_position_embeddings=1 << 18,
         bos_token_id=None,
-        eos_token_id=ByteTokenizerSpec.eos_id,
-        pad_token_id=ByteTokenizerSpec.pad_id,
         attn_implementation="sdpa",
     )
     return (Qwen3Config if arch == "qwen3" else LlamaConfig)(**(common | fields))
@@ -116,19 +118,21 @@ def random_model(preset: str, device: torch.device, dtype: torch.dtype, seed: in
     from transformers import AutoModelForCausalLM
 
     fields = dict(RANDOM_PRESETS[preset])
-    config = _config(fields.pop("arch"), **fields)
+    config = _config(fields.pop("arch"), eos_token_id=BYTE_EOS, pad_token_id=BYTE_PAD, **fields)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.device(device):
         torch.manual_seed(seed)
         return AutoModelForCausalLM.from_config(config, dtype=dtype)
 
 
-def tiny_model(arch: str, seed: int = 0):
-    """A 2-layer random model (4 query / 2 KV heads of dim 16) of the given architecture."""
+def tiny_model(arch: str, tokenizer, seed: int = 0):
+    """A 2-layer random model (4 query / 2 KV heads of dim 16) of the given architecture, sized to ``tokenizer``."""
     from transformers import AutoModelForCausalLM
 
     config = _config(
         arch,
-        vocab_size=ByteTokenizerSpec.vocab_size,
+        vocab_size=len(tokenizer),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -143,25 +147,13 @@ def tiny_model(arch: str, seed: int = 0):
         return AutoModelForCausalLM.from_config(config)
 
 
-class ByteTokenizerSpec:
-    """Byte-level vocabulary: 256 byte tokens, then the special tokens."""
-
-    specials = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-    vocab_size = 256 + len(specials)
-    pad_id = 256
-    eos_id = 258
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # pad, turn start, turn end (= EOS)
+BYTE_PAD, BYTE_EOS = 256, 258  # ids of the specials in the byte-level vocabulary
 
 
-def byte_tokenizer():
-    """An offline byte-level tokenizer (259 tokens) with a ChatML chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+def _wrap(backend):
     from transformers import PreTrainedTokenizerFast
 
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    backend = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens(list(ByteTokenizerSpec.specials))
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token="<|im_end|>",
@@ -169,3 +161,43 @@ def byte_tokenizer():
         chat_template=CHATML_TEMPLATE,
         model_max_length=1 << 18,
     )
+
+
+def byte_tokenizer():
+    """An offline byte-level tokenizer (256 byte tokens, then the 3 specials) with a ChatML chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    backend = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(list(SPECIALS))
+    return _wrap(backend)
+
+
+@lru_cache(maxsize=1)
+def _bpe_json() -> str:
+    from importlib import resources
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    assets = resources.files("wonderwords") / "assets"
+    words = [w for name in ("nounlist.txt", "adjectivelist.txt", "verblist.txt")
+             for w in (assets / name).read_text().splitlines() if w]
+    corpus = [" ".join(words[i : i + 64]) for i in range(0, len(words), 64)]
+    corpus += [" ".join(str(n) for n in range(i, i + 100)) + "." for i in range(0, 10000, 100)]
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=4096, special_tokens=list(SPECIALS), show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(corpus, trainer)
+    return backend.to_str()
+
+
+def bpe_tokenizer():
+    """An offline byte-level BPE tokenizer (4,096 tokens) trained deterministically on wonderwords' word lists and
+    numbers, with a ChatML chat template: any text round-trips, English words take one or two tokens."""
+    from tokenizers import Tokenizer
+
+    return _wrap(Tokenizer.from_str(_bpe_json()))

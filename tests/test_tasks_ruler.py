@@ -12,7 +12,7 @@ import pytest
 from fixtures.tasks_data import build
 
 from elastic_bench import tasks
-from elastic_bench.models import byte_tokenizer
+from elastic_bench.models import bpe_tokenizer, byte_tokenizer
 from elastic_bench.tasks import corpora, ruler, ruler_data
 
 NEEDS_CONTEXT = {  # tasks whose references must all appear in the input ("part": at least one)
@@ -71,11 +71,19 @@ def test_thirteen_official_configurations():
         "niah_single_1": 128, "vt": 30, "cwe": 120, "fwe": 50, "qa_1": 32}
 
 
+@pytest.fixture(scope="module")
+def subword_tok():
+    return bpe_tokenizer()
+
+
+@pytest.mark.parametrize("tokenizer", ["subword", "byte"])
 @pytest.mark.parametrize("name", tasks.GROUPS["ruler"])
-def test_fits_length_answers_in_context_and_deterministic(name, data_dir, tok):
-    # cwe's smallest official instance (10 words × 30 plus a 40-word example) is ~6.9K bytes: beyond 4K for a
-    # byte-level tokenizer, so it is checked at 8K (and must refuse 4K with a clear message)
-    length = 8192 if name == "ruler_cwe" else 4096
+def test_fits_length_answers_in_context_and_deterministic(name, tokenizer, data_dir, tok, subword_tok):
+    """Every task at 4K with tiny:llama's subword tokenizer and with tiny:qwen3's byte-level one. cwe's smallest
+    official instance (10 words × 30 plus a 40-word example) is ~6.9K bytes: beyond 4K for the byte-level tokenizer,
+    so that pair is checked at 8K (and must refuse 4K with a clear message, below)."""
+    tok = subword_tok if tokenizer == "subword" else tok
+    length = 8192 if (name, tokenizer) == ("ruler_cwe", "byte") else 4096
     task = tasks.get(name, data_dir=data_dir)
     samples = task.samples(tok, length, limit=3, seed=7)
     assert len(samples) == 3 and len({tuple(s.input_ids) for s in samples}) == 3
