@@ -8,9 +8,11 @@ import subprocess
 import sys
 
 import pytest
-from lm_eval.api.instance import Instance
 
-from elastic_bench.lm_eval_bridge import ElasticLM
+pytest.importorskip("lm_eval", reason="the [lm-eval] extra is not installed (`make test` installs it)")
+from lm_eval.api.instance import Instance  # noqa: E402
+
+from elastic_bench.lm_eval_bridge import ElasticLM  # noqa: E402
 
 REQUESTS = [("The grass is green. The sky is blue. " * 6, " The sun is yellow."), ("a b c d e f g h i j " * 5, " k")]
 
