@@ -185,7 +185,7 @@ def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunCo
                     **_cell_config(config, method, task.name, cell.length, len(records)),
                     "status": "complete",
                     "method_label": method.label(),
-                    "backend_used": resolve_backend(config.backend, next(model.parameters()).device),
+                    "backend_used": resolve_backend(config.backend, next(model.parameters()).device, cell.length),
                     "world_size": ranks.world_size,
                     **task.aggregate(records),
                     **{key: _mean(records, key) for key in MEANS},

@@ -11,7 +11,8 @@ from .sparsity import PairCounts, causal_pairs, pair_counts
 from .xattention import xattention_select
 
 # GPU backends, fastest first (priorities from the H200 measurements in docs/benchmarks.md, "Kernels").
-register_backend("split", triton_hybrid.split_hybrid_attention, available=triton_hybrid.available, priority=30)
+register_backend("split", triton_hybrid.split_hybrid_attention, available=triton_hybrid.available, priority=30,
+                 prefer=triton_hybrid.split_pays_off)
 register_backend("triton", triton_hybrid.triton_hybrid_attention, available=triton_hybrid.available, priority=20)
 register_backend("flex", flex.flex_hybrid_attention, available=flex.available, priority=10)
 register_backend("block_sparse_attn", adapters.block_sparse_attn, available=adapters.block_sparse_attn_available,

@@ -1,8 +1,8 @@
 """`hybrid_attention`: one call for all heads of a layer, whatever their modes, and its backend shim.
 
-Backends register themselves with `register_backend(name, fn, available, priority)`. ``backend="auto"`` takes the
-available backend of highest priority for the inputs' device; ``"reference"`` is always available and is the ground
-truth the others are tested against.
+Backends register themselves with `register_backend(name, fn, available, priority, prefer)`. ``backend="auto"``
+takes the available backend of highest priority for the inputs' device whose ``prefer(keys)`` (if it has one) holds
+for the call's key length; ``"reference"`` is always available and is the ground truth the others are tested against.
 """
 
 from __future__ import annotations
@@ -24,14 +24,22 @@ class Backend:
     fn: BackendFn
     available: Callable[[torch.device], bool]
     priority: int
+    prefer: Callable[[int], bool] | None = None
 
 
 _BACKENDS: dict[str, Backend] = {}
 
 
-def register_backend(name: str, fn: BackendFn, available: Callable[[torch.device], bool], priority: int) -> None:
-    """Register a backend; ``available(device)`` says whether it can run on that device."""
-    _BACKENDS[name] = Backend(name, fn, available, priority)
+def register_backend(
+    name: str,
+    fn: BackendFn,
+    available: Callable[[torch.device], bool],
+    priority: int,
+    prefer: Callable[[int], bool] | None = None,
+) -> None:
+    """Register a backend; ``available(device)`` says whether it can run on that device, and ``prefer(keys)``, when
+    given, whether ``auto`` should take it for a call with that many keys (otherwise ``auto`` looks further down)."""
+    _BACKENDS[name] = Backend(name, fn, available, priority, prefer)
 
 
 def backend_names() -> list[str]:
@@ -45,10 +53,13 @@ def available_backends(device: torch.device | str) -> list[str]:
     return [name for name in backend_names() if _BACKENDS[name].available(device)]
 
 
-def resolve_backend(backend: str, device: torch.device | str) -> str:
-    """The concrete backend ``backend`` means on ``device`` (``"auto"`` → the preferred available one)."""
+def resolve_backend(backend: str, device: torch.device | str, keys: int | None = None) -> str:
+    """The concrete backend ``backend`` means on ``device`` for a call with ``keys`` keys (``"auto"`` → the preferred
+    available one; without ``keys``, the one preferred at long lengths)."""
     if backend == "auto":
-        return available_backends(device)[0]
+        names = available_backends(device)
+        prefer = (lambda b: b.prefer is None or b.prefer(keys)) if keys is not None else (lambda b: True)
+        return next((n for n in names if prefer(_BACKENDS[n])), names[-1])
     if backend not in _BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; choose from: auto, {', '.join(backend_names())}")
     if not _BACKENDS[backend].available(torch.device(device)):
@@ -87,7 +98,7 @@ def hybrid_attention(
     """
     _check(q, k, v, plan)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    name = resolve_backend(backend, q.device)
+    name = resolve_backend(backend, q.device, k.shape[2])
     return _BACKENDS[name].fn(q, k, v, plan, scale)
 
 

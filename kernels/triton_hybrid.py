@@ -195,6 +195,17 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(Lq, Lk), scale=scale)
 
 
+SPLIT_MIN_KEYS = 32768
+
+
+def split_pays_off(keys: int) -> bool:
+    """Whether ``auto`` takes ``split`` over one Triton launch: from `SPLIT_MIN_KEYS` keys on. Measured on an H200
+    (docs/benchmarks.md, "Kernels"), three-way plan: at 8K the SDPA call and its gather cost more than SDPA's faster
+    dense rate saves (1.02 vs 0.80 ms), at 16K the two are within 7% either way, from 32K on ``split`` wins (6.33 vs
+    7.15 ms). Plans without FULL heads run the same launch either way."""
+    return keys >= SPLIT_MIN_KEYS
+
+
 def split_hybrid_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: HeadPlan, scale: float
 ) -> torch.Tensor:

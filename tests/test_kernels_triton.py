@@ -136,5 +136,28 @@ def test_triton_unavailable_on_cpu_without_interpreter():
         resolve_backend("triton", "cpu")
 
 
+def test_auto_takes_a_backend_only_where_it_prefers_the_length(monkeypatch):
+    from elastic_bench.kernels import hybrid
+    from elastic_bench.kernels.triton_hybrid import SPLIT_MIN_KEYS, split_pays_off
+
+    monkeypatch.setattr(hybrid, "_BACKENDS", dict(hybrid._BACKENDS))
+    calls = []
+    for name, priority, prefer in (("long_only", 90, split_pays_off), ("any_length", 80, None)):
+        fn = lambda q, k, v, plan, scale, name=name: calls.append(name) or torch.zeros_like(q)
+        hybrid.register_backend(name, fn, available=lambda device: device.type == "cpu", priority=priority,
+                                prefer=prefer)
+    assert hybrid.resolve_backend("auto", "cpu") == "long_only"  # no length given: the long-context choice
+    assert hybrid.resolve_backend("auto", "cpu", SPLIT_MIN_KEYS) == "long_only"
+    assert hybrid.resolve_backend("auto", "cpu", SPLIT_MIN_KEYS - 1) == "any_length"
+    assert hybrid.resolve_backend("long_only", "cpu", 8) == "long_only"  # forcing a backend ignores preferences
+    from elastic_bench.kernels import HeadPlan, Mode
+
+    plan = HeadPlan.uniform(Mode.FULL, 1, 1)
+    for keys in (64, SPLIT_MIN_KEYS):
+        q = k = torch.zeros(1, 1, keys, 16)
+        hybrid.hybrid_attention(q, k, k, plan)
+    assert calls == ["any_length", "long_only"]
+
+
 if __name__ == "__main__":
     print_case_results(CASES, _run_case)
