@@ -10,6 +10,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -92,7 +93,7 @@ def _run(args) -> int:
         config = RunConfig(**{k: v for k, v in overrides.items() if v is not None})
     rows = run(config, progress=not args.no_progress)
     print(format_rows(rows))
-    print(f"results: {config.output}")
+    print(f"results: {config.output} (tables and frontiers: elastic-bench report {config.output})")
     return 0 if all(r["status"] == "complete" for r in rows) else 1
 
 
@@ -161,7 +162,11 @@ def _demo(args) -> int:
     )
     rows = run(config)
     print(format_rows(rows))
-    print(f"demo results written to {config.output}")
+    from elastic_bench.reports import load_cells, summarize, write_report
+
+    report = Path(config.output) / "report"
+    write_report(summarize(load_cells(config.output)), report, source=str(config.output))
+    print(f"demo results written to {config.output}; report: {report / 'report.html'} and {report / 'report.md'}")
     return 0 if all(r["status"] == "complete" for r in rows) else 1
 
 
@@ -195,6 +200,7 @@ PLUGIN_COMMANDS: tuple[str, ...] = (
     "elastic_bench.testbed.cli:add_cli",
     "elastic_bench.kernels.bench:add_cli",
     "elastic_bench.method.cli:add_cli",
+    "elastic_bench.reports.cli:add_cli",
 )
 
 

@@ -41,6 +41,10 @@ def test_reduced_demo_runs_every_method_on_the_testbed(tmp_path, capsys):
     assert metrics["full/testbed_niah_single"]["score"] == 100.0
     assert metrics["streaming/testbed_niah_single"]["omega_msr"] == 1.0
     assert metrics["streaming/testbed_niah_recent"]["score"] == 100.0
+    # the demo renders its report: every method in the table, full on both frontiers (the best score at ΩESR 0)
+    report = (output / "report" / "report.md").read_text()
+    assert all(f"| {name}" in report for name in methods.names())
+    assert "Pareto frontier, score vs ΩESR" in report and (output / "report" / "report.html").exists()
 
 
 def test_head_ablation_finds_the_shipped_retrieval_head_and_writes_duo_gates(tmp_path):
