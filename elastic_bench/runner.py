@@ -14,6 +14,7 @@ Design decisions:
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import sys
 from dataclasses import dataclass, field
@@ -99,12 +100,18 @@ def run(config: RunConfig, progress: bool = True) -> list[dict[str, Any]]:
     from elastic_bench.models import load_model, model_label
 
     built = config.build_methods()
+    task_names = task_registry.expand(config.tasks)
+    for task_name in task_names:  # before any work: an output folder never mixes two configurations
+        for length in config.lengths:
+            for m in built:
+                _check_same_run(Cell(config.output, model_label(config.model), m.label(), task_name, length),
+                                _identity(config, m))
     ranks = Ranks.from_env(config.device)
     dtype = getattr(torch, config.dtype) if config.dtype else None
     model, tokenizer = load_model(config.model, dtype=dtype, device=ranks.device(config.device))
     stop_ids = _stop_ids(model, tokenizer)
     rows = []
-    for task_name in task_registry.expand(config.tasks):
+    for task_name in task_names:
         task = task_registry.get(task_name, data_dir=config.data_dir)
         for length in config.lengths:
             cells = [Cell(config.output, model_label(config.model), m.label(), task_name, length) for m in built]
@@ -133,19 +140,35 @@ def _stop_ids(model, tokenizer) -> set[int]:
     return ids
 
 
+def _identity(config: RunConfig, method: methods.Method) -> dict[str, Any]:
+    """What a cell's results depend on beyond its folder's path (JSON-normalised, as stored in ``config.json``)."""
+    return json.loads(json.dumps({"model": config.model, "method_options": method.options(), "seed": config.seed,
+                                  "limit": config.limit, "dtype": config.dtype}, default=str))
+
+
+def _check_same_run(cell: Cell, identity: dict[str, Any]) -> None:
+    """Refuse to resume or skip a cell whose stored configuration differs from this run's (e.g. another seed or
+    ``--limit``, or a router file of the same name): its predictions would be mixed with, or taken for, this run's."""
+    path = cell.dir / "config.json"
+    if not path.exists():
+        return
+    stored = json.loads(path.read_text())
+    changed = sorted(k for k in identity if k in stored and stored[k] != identity[k])
+    if changed:
+        raise ValueError(f"{cell.dir} holds results of another configuration ({', '.join(changed)} differ); "
+                         "use another --output or delete that folder")
+
+
 def _cell_config(config: RunConfig, method: methods.Method, task: str, length: int, n: int) -> dict[str, Any]:
     from elastic_bench.provenance import provenance
 
     return {
-        "model": config.model,
+        **_identity(config, method),
         "method": method.name,
-        "method_options": method.options(),
         "task": task,
         "length": length,
         "num_samples": n,
-        "seed": config.seed,
         "backend": config.backend,
-        "dtype": config.dtype,
         **provenance(config.device),
     }
 

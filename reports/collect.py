@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,6 @@ class CellResult:
     prefill_seconds: float
     num_samples: int
     error: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def complete(self) -> bool:
@@ -68,7 +67,6 @@ def load_cells(run_dir: str | Path) -> list[CellResult]:
                     prefill_seconds=_number(metrics, "prefill_seconds"),
                     num_samples=int(metrics.get("num_samples") or 0),
                     error=metrics.get("error"),
-                    extra={k: v for k, v in metrics.items() if k.startswith("score_")},
                 )
             )
         except (json.JSONDecodeError, KeyError, ValueError, TypeError) as err:

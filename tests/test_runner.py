@@ -70,6 +70,17 @@ def test_interrupted_cell_resumes_from_its_predictions(tmp_path, counted_generat
     assert [r["id"] for r in cell.predictions()] == ["0", "1", "2"] and cell.is_complete()
 
 
+def test_a_folder_of_another_configuration_is_refused_before_any_work(tmp_path, counted_generation):
+    config = small_config(tmp_path, methods=["full"], lengths=[640], method_options={})
+    run(config, progress=False)
+    counted_generation.clear()
+    for change, named in (({"seed": 7}, "seed"), ({"limit": 3}, "limit"), ({"dtype": "bfloat16"}, "dtype")):
+        with pytest.raises(ValueError, match=rf"holds results of another configuration \({named} differ\)"):
+            run(small_config(tmp_path, methods=["full"], lengths=[640], method_options={}, **change), progress=False)
+    assert counted_generation == []
+    assert Cell(config.output, "tiny-qwen3", "full", "ruler_niah_single_1", 640).is_complete()  # results kept
+
+
 def test_failed_cell_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
     config = small_config(tmp_path, lengths=[64, 640])  # 64 tokens cannot hold the template
     rows = run(config, progress=False)
