@@ -101,11 +101,14 @@ def run(config: RunConfig, progress: bool = True) -> list[dict[str, Any]]:
 
     built = config.build_methods()
     task_names = task_registry.expand(config.tasks)
+
+    def cell_of(method: methods.Method, task_name: str, length: int) -> Cell:
+        return Cell(config.output, model_label(config.model), method.label(), task_name, length)
+
     for task_name in task_names:  # before any work: an output folder never mixes two configurations
         for length in config.lengths:
             for m in built:
-                _check_same_run(Cell(config.output, model_label(config.model), m.label(), task_name, length),
-                                _identity(config, m))
+                _check_same_run(cell_of(m, task_name, length), _identity(config, m))
     ranks = Ranks.from_env(config.device)
     dtype = getattr(torch, config.dtype) if config.dtype else None
     model, tokenizer = load_model(config.model, dtype=dtype, device=ranks.device(config.device))
@@ -114,7 +117,7 @@ def run(config: RunConfig, progress: bool = True) -> list[dict[str, Any]]:
     for task_name in task_names:
         task = task_registry.get(task_name, data_dir=config.data_dir)
         for length in config.lengths:
-            cells = [Cell(config.output, model_label(config.model), m.label(), task_name, length) for m in built]
+            cells = [cell_of(m, task_name, length) for m in built]
             todo = [(m, c) for m, c in zip(built, cells) if not c.is_complete()]
             samples, error = [], None
             if todo:

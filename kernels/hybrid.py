@@ -58,8 +58,8 @@ def resolve_backend(backend: str, device: torch.device | str, keys: int | None =
     available one; without ``keys``, the one preferred at long lengths)."""
     if backend == "auto":
         names = available_backends(device)
-        prefer = (lambda b: b.prefer is None or b.prefer(keys)) if keys is not None else (lambda b: True)
-        return next((n for n in names if prefer(_BACKENDS[n])), names[-1])
+        prefers = (lambda b: keys is None or b.prefer is None or b.prefer(keys))
+        return next((n for n in names if prefers(_BACKENDS[n])), names[-1])
     if backend not in _BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; choose from: auto, {', '.join(backend_names())}")
     if not _BACKENDS[backend].available(torch.device(device)):
