@@ -48,10 +48,10 @@ def svg_plot(report: ModelReport, axis: str) -> str:
     points = [(getattr(s, axis), s.score, s.method) for s in report.methods]
     points = [p for p in points if not (math.isnan(p[0]) or math.isnan(p[1]))]
     front = next(f.methods for f in report.frontiers if f.axis == axis)
-    W, H, left, right, top, bottom = 560, 360, 60, 150, 20, 50
+    W, H, left, right, top, bottom = 560, 360, 60, 30, 20, 50
     xs, ys = [p[0] for p in points] or [0.0], [p[1] for p in points] or [0.0]
-    x0, x1 = min(xs), max(xs)
-    x0, x1 = (x0 - 0.5, x1 + 0.5) if x1 - x0 < 1e-9 else (x0 - 0.05 * (x1 - x0), x1 + 0.05 * (x1 - x0))
+    x0, x1 = min(0.0, min(xs)), max(xs)  # both axes are >= 0 by nature: start at 0
+    x1 = x1 + 0.08 * (x1 - x0) if x1 > x0 else x0 + 1.0
     y0, y1 = min(0.0, min(ys)), max(100.0, max(ys))
 
     def sx(x: float) -> float:
@@ -77,7 +77,9 @@ def svg_plot(report: ModelReport, axis: str) -> str:
     for x, y, name in points:
         color = "#d62728" if name in front else "#1f77b4"
         out.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="4" fill="{color}"/>')
-        out.append(f'<text x="{sx(x) + 6:.1f}" y="{sy(y) - 6:.1f}">{html.escape(name)}</text>')
+        right_half = sx(x) > (left + W - right) / 2  # labels grow away from the nearer edge
+        anchor, dx = ("end", -6) if right_half else ("start", 6)
+        out.append(f'<text x="{sx(x) + dx:.1f}" y="{sy(y) - 6:.1f}" text-anchor="{anchor}">{html.escape(name)}</text>')
     out.append("</svg>")
     return "\n".join(out)
 
