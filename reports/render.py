@@ -43,6 +43,18 @@ def _cell_lines(cells: list[CellResult], with_error: bool) -> list[str]:
     return [f"{c.method} · {c.task} · {c.length}" + (f": {c.error or c.status}" if with_error else "") for c in cells]
 
 
+def _cell_sections(report: ModelReport) -> list[tuple[str, list[str]]]:
+    """(title, lines) of the excluded and the failed cells, for the sections that have any."""
+    sections = (("Excluded cells (not completed by every method)", report.excluded, False),
+                ("Failed cells", report.failed, True))
+    return [(title, _cell_lines(cells, with_error)) for title, cells, with_error in sections if cells]
+
+
+def _comparable(report: ModelReport) -> str:
+    return (f"Comparable cells (completed by every method): {len(report.tasks)} task(s) × {len(report.lengths)} "
+            f"length(s): {', '.join(report.tasks) or '–'} at {', '.join(map(str, report.lengths)) or '–'} tokens.")
+
+
 def svg_plot(report: ModelReport, axis: str) -> str:
     """Score (y) against ``axis`` (x) for every method of ``report``; the frontier joined by a line."""
     points = [(getattr(s, axis), s.score, s.method) for s in report.methods]
@@ -95,18 +107,15 @@ def render_markdown(reports: list[ModelReport], source: str, stamp: str) -> str:
         if not r.methods:
             lines += ["No complete cell.", ""]
         else:
-            lines += [f"Comparable cells (completed by every method): {len(r.tasks)} task(s) × {len(r.lengths)} "
-                      f"length(s): {', '.join(r.tasks) or '–'} at {', '.join(map(str, r.lengths)) or '–'} tokens.", ""]
+            lines += [_comparable(r), ""]
             for title, head, rows in _tables(r):
                 lines += [f"**{title}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
                 lines += ["| " + " | ".join(row) + " |" for row in rows] + [""]
             for f in r.frontiers:
                 lines += [f"Pareto frontier, score vs {AXES[f.axis]}: {' → '.join(f.methods) or '–'} "
                           f"([plot]({_svg_name(r.model, f.axis)}))", ""]
-        for title, cells, with_error in (("Excluded cells (not completed by every method)", r.excluded, False),
-                                         ("Failed cells", r.failed, True)):
-            if cells:
-                lines += [f"**{title}**", ""] + [f"- {line}" for line in _cell_lines(cells, with_error)] + [""]
+        for title, cell_lines in _cell_sections(r):
+            lines += [f"**{title}**", ""] + [f"- {line}" for line in cell_lines] + [""]
     return "\n".join(lines)
 
 
@@ -122,9 +131,7 @@ def render_html(reports: list[ModelReport], source: str, stamp: str) -> str:
         if not r.methods:
             parts.append("<p>No complete cell.</p>")
         else:
-            parts.append(f"<p>Comparable cells (completed by every method): {len(r.tasks)} task(s) × "
-                         f"{len(r.lengths)} length(s): {e(', '.join(r.tasks))} at "
-                         f"{e(', '.join(map(str, r.lengths)))} tokens.</p>")
+            parts.append(f"<p>{e(_comparable(r))}</p>")
             for title, head, rows in _tables(r):
                 parts.append(f"<h3>{e(title)}</h3><table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>")
                 parts += ["<tr>" + "".join(f"<td>{e(v)}</td>" for v in row) + "</tr>" for row in rows]
@@ -134,11 +141,8 @@ def render_html(reports: list[ModelReport], source: str, stamp: str) -> str:
                 parts.append(f"<figure>{svg_plot(r, f.axis)}<figcaption>Pareto frontier, score vs "
                              f"{e(AXES[f.axis])}: {e(' → '.join(f.methods) or '–')}</figcaption></figure>")
             parts.append("</div>")
-        for title, cells, with_error in (("Excluded cells (not completed by every method)", r.excluded, False),
-                                         ("Failed cells", r.failed, True)):
-            if cells:
-                parts.append(f"<h3>{e(title)}</h3><ul>" + "".join(f"<li>{e(x)}</li>"
-                                                                 for x in _cell_lines(cells, with_error)) + "</ul>")
+        for title, cell_lines in _cell_sections(r):
+            parts.append(f"<h3>{e(title)}</h3><ul>" + "".join(f"<li>{e(x)}</li>" for x in cell_lines) + "</ul>")
     parts.append("</body></html>")
     return "\n".join(parts)
 
