@@ -84,6 +84,8 @@ def test_needles_answers_and_family_layout(vocab):
 
         repeat = generator.example(SPECS["repeat"], sample_rng(0, "repeat", index), 1024)
         assert np.array_equal(repeat.context[-len(repeat.answer) :], repeat.answer)
+        words = set(text.NOUNS) | set(text.ADJECTIVES) | set(text.VERBS)  # haystack words, never keys
+        assert len(repeat.answer) == 7 and {vocab.tokens[i] for i in repeat.answer[:-1]} <= words
 
 
 def test_followups_query_the_distractors_in_training_only(vocab):

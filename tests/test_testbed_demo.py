@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -47,15 +48,16 @@ def test_reduced_demo_runs_every_method_on_the_testbed(tmp_path, capsys):
     assert "Pareto frontier, score vs ΩESR" in report and (output / "report" / "report.html").exists()
 
 
-def test_head_ablation_finds_the_shipped_retrieval_head_and_writes_duo_gates(tmp_path):
+def test_head_ablation_finds_the_shipped_retrieval_heads_and_writes_duo_gates(tmp_path):
     from elastic_bench.methods.duo_attention import load_gates
     from elastic_bench.testbed.heads import ablation_gates, write_gates
 
     model, _ = load_model("testbed", dtype=torch.float32, device="cpu")
-    gates = ablation_gates(model, build(), length=512, samples=4, progress=False)
-    assert gates.shape == (6, 2) and gates[0, 0] >= 0.5  # layer 0, KV head 0 carries the needle
-    assert (gates > 0.25).sum() <= 2
+    gates = ablation_gates(model, build(), length=1024, samples=4, progress=False)
+    # layers 3 and 5, KV head 0 carry multi-key retrieval; no other head matters at this sample size
+    assert gates.shape == (6, 2) and gates[3, 0] >= 0.5 and gates[5, 0] >= 0.5
+    assert (gates > 0.25).sum() == 2
     write_gates(gates, tmp_path / "gates.tsv")
     assert load_gates(tmp_path / "gates.tsv") == pytest.approx(gates.round(4))
     shipped = load_gates(TESTBED_DIR / "head_gates.tsv")
-    assert shipped.shape == (6, 2) and shipped.argmax() == 0
+    assert shipped.shape == (6, 2) and {int(i) for i in np.argsort(shipped, axis=None)[-2:]} == {6, 10}

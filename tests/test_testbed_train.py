@@ -23,13 +23,46 @@ def test_curriculum_then_mixture_and_streaming_steps_train_robust_tasks_only():
     assert {batches.length_at(s, rng) for s in range(200, 400)} == {1024, 2048, 4096}
     streaming = [s for s in range(200, 260) if batches[s]["streaming"]]
     assert streaming and not any(batches[s]["streaming"] for s in range(0, 200, 7))
-    robust_instructions = {SPECS[t].instruction.split()[0] for t in batches.robust}
+    robust_instructions = {SPECS[t].instruction.split()[0] for t in batches.robust[0]}
     vocab = build()
     for step in streaming[:3]:
         batch = batches[step]
         assert {vocab.tokens[row[1]] for row in batch["ids"]} <= robust_instructions
     assert learning_rate(config, 0) < learning_rate(config, 19) == pytest.approx(config.lr)
     assert learning_rate(config, 999) == pytest.approx(config.lr * config.min_lr_ratio, rel=1e-3)
+
+
+def test_curriculum_task_weights_apply_during_the_curriculum_only():
+    vocab = build()
+    config = TrainConfig(steps=1000, batch_tokens=4096, streaming_fraction=0.0,
+                         curriculum_task_weights={"niah_multikey": 1.0})
+    batches = Batches(config, vocab)
+    assert config.curriculum_steps == 200
+    multikey = SPECS["niah_multikey"].instruction.split()[0]  # "Some"
+    first_words = [{vocab.tokens[row[1]] for row in batches[s]["ids"]} for s in (0, 45, 199, *range(200, 230))]
+    assert all(words == {multikey} for words in first_words[:3])
+    assert set().union(*first_words[3:]) > {multikey}  # after the curriculum: the whole mixture
+    with pytest.raises(ValueError, match="unknown testbed tasks"):
+        TrainConfig(curriculum_task_weights={"niah_nothing": 1.0})
+
+
+def test_training_runs_with_deterministic_kernels_and_restores_the_setting(tmp_path, monkeypatch):
+    from elastic_bench.testbed import train as train_module
+
+    seen = []
+    monkeypatch.setattr(train_module, "_train", lambda *a: seen.append(torch.are_deterministic_algorithms_enabled()))
+    before = torch.are_deterministic_algorithms_enabled()
+    train(TrainConfig(**TOY), tmp_path / "a", device="cpu")
+    train(TrainConfig(**(TOY | {"deterministic": False})), tmp_path / "b", device="cpu")
+    assert seen == [True, False] and torch.are_deterministic_algorithms_enabled() == before
+
+
+def test_rope_theta_reaches_the_exported_model(tmp_path):
+    from elastic_bench.models import load_model
+
+    train(TrainConfig(**(TOY | {"rope_theta": 5e5, "eval_samples": 0})), tmp_path, device="cpu", progress=False)
+    model, _ = load_model(str(tmp_path), dtype=torch.float32, device="cpu")
+    assert model.config.rope_parameters["rope_theta"] == 5e5
 
 
 def test_batches_are_a_function_of_seed_and_step():

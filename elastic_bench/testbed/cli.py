@@ -42,6 +42,11 @@ def add_cli(sub) -> None:
     p.add_argument("--lr", type=float, default=1.5e-3, help="peak learning rate (default 1.5e-3)")
     p.add_argument("--task-weights", type=_weights, metavar="TASK=W,...",
                    help="sampling weights of the tasks, e.g. niah_multikey=0.5,repeat=0.2 (default: the built-in mix)")
+    p.add_argument("--curriculum-task-weights", type=_weights, metavar="TASK=W,...",
+                   help="task weights during the curriculum, e.g. niah_multikey=1 (default: --task-weights)")
+    p.add_argument("--rope-theta", type=float, default=10000.0, help="the model's RoPE base (default 10000)")
+    p.add_argument("--nondeterministic", action="store_true",
+                   help="allow PyTorch's non-deterministic GPU kernels (faster backward; runs then differ bit for bit)")
     p.add_argument("--init-from", help="start from this exported testbed model instead of a seeded initialisation")
     p.add_argument("--max-minutes", type=float, help="stop after this many minutes (checkpointed; rerun to resume)")
     p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
@@ -75,13 +80,16 @@ def add_cli(sub) -> None:
 
     p = commands.add_parser(
         "heads", help="find the retrieval heads by ablation and write DuoAttention-layout head gates",
-        description="Switch each KV head alone to streaming (sink 16, window 256) and write the relative drop of "
-        "niah_single exact match as its gate (TSV, layers × KV heads), usable as -O duo_attention.pattern=FILE.",
+        description="Switch each KV head alone to streaming (sink 16, window 256) and write the largest relative "
+        "drop of exact match over --tasks as its gate (TSV, layers × KV heads), usable as "
+        "-O duo_attention.pattern=FILE.",
     )
     p.add_argument("--output", required=True, help="TSV file to write")
     p.add_argument("--model", default="testbed", help="testbed (default) or a folder written by `testbed train`")
     p.add_argument("--length", type=_lengths, default=[2048], help="prompt length in tokens (default 2K)")
-    p.add_argument("--samples", type=int, default=20, help="samples per head (default 20)")
+    p.add_argument("--samples", type=int, default=20, help="samples per head and task (default 20)")
+    p.add_argument("--tasks", default="niah_single,niah_multikey",
+                   help="testbed tasks whose drop makes the gate (default: the sensitive ones)")
     p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     p.set_defaults(handler=_heads)
 
@@ -102,15 +110,16 @@ def _train(args) -> int:
         raise ValueError(f"--max-minutes must be positive, got {args.max_minutes}")
     options = dict(seed=args.seed, steps=args.steps, batch_tokens=args.batch_tokens, min_length=args.min_length,
                    max_length=args.max_length, stage_fraction=args.stage_fraction, lr=args.lr,
-                   eval_samples=args.eval_samples, init_from=args.init_from)
+                   eval_samples=args.eval_samples, init_from=args.init_from,
+                   curriculum_task_weights=args.curriculum_task_weights, rope_theta=args.rope_theta)
     if args.task_weights:
         options["task_weights"] = args.task_weights
-    config = TrainConfig(**options)
+    config = TrainConfig(**options, deterministic=not args.nondeterministic)
     flags = [f"--{key.replace('_', '-')}" for key in options]
     values = [",".join(f"{k}={w}" for k, w in v.items()) if isinstance(v, dict) else str(v) for v in options.values()]
     command = shlex.join(["elastic-bench", "testbed", "train", "--output", args.output]
                          + [x for flag, v, raw in zip(flags, values, options.values()) if raw is not None
-                            for x in (flag, v)])
+                            for x in (flag, v)] + ["--nondeterministic"] * args.nondeterministic)
     record = train(config, args.output, args.device, args.max_minutes, command, progress=not args.no_progress)
     state = "complete" if record["complete"] else f"stopped at step {record['steps_done']} (rerun to resume)"
     print(f"testbed training {state}: {args.output}")
@@ -162,7 +171,13 @@ def _heads(args) -> int:
     if len(args.length) != 1 or args.samples < 1:
         raise ValueError("--length takes one length and --samples must be at least 1")
     model, _ = load_model(args.model, device=args.device)
-    gates = ablation_gates(model, build(), args.length[0], args.samples)
+    from .generators import SPECS
+
+    tasks = tuple(t.strip().removeprefix("testbed_") for t in args.tasks.split(","))
+    unknown = [t for t in tasks if t not in SPECS]
+    if unknown:
+        raise ValueError(f"unknown testbed tasks {unknown}; known: {list(SPECS)}")
+    gates = ablation_gates(model, build(), args.length[0], args.samples, tasks)
     write_gates(gates, args.output)
     print(gates.round(2))
     print(f"head gates written to {args.output}")

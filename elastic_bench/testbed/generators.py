@@ -6,7 +6,8 @@ question and the answer prefix close it):
 - **sensitive** (the answer sits anywhere in the context; sparse attention that drops the middle loses it):
   ``niah_single`` (one needle), ``niah_multikey`` (four needles with distinct keys, one queried: three distractors);
 - **robust** (the answer sits in the last few hundred tokens): ``niah_recent`` (four needles, the queried one within
-  the last ~100 tokens of the context), ``repeat`` (copy the context's last sentence, six pseudo-words).
+  the last ~100 tokens of the context), ``repeat`` (copy the context's last sentence: six haystack words in random
+  order).
 
 A needle is RULER's ``"One of the special magic numbers for {key} is {value}."`` with a pseudo-word key and a 7-digit
 value; the haystack is RULER-style noise, sentences ``"The {noun} is {adjective}."`` and ``"The {noun} {verb}."``,
@@ -134,6 +135,10 @@ class Generator:
         return out
 
     @cached_property
+    def _haystack_words(self) -> np.ndarray:
+        return np.concatenate([self.vocab.noun_ids, self.vocab.adjective_ids, self.vocab.verb_ids])
+
+    @cached_property
     def _needle_parts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         before, _, rest = text.NEEDLE.partition("{key}")
         middle, _, after = rest.partition("{value}")
@@ -167,8 +172,9 @@ class Generator:
             answer = followups[0][1]
             followups = followups[1:]
             rng.shuffle(followups)
-        else:  # repeat: the context's last sentence, six pseudo-words
-            answer = np.concatenate([keys[:REPEAT_WORDS], [self.dot]])
+        else:  # repeat: the context's last sentence, six haystack words (the LM head predicts them often enough to
+            # learn them; rare pseudo-word keys it could not copy)
+            answer = np.concatenate([rng.choice(self._haystack_words, REPEAT_WORDS), [self.dot]])
         question, prefix = self._fill(spec.question, int(keys[0])), self._fill(spec.prefix, int(keys[0]))
         instruction = vocab.encode(spec.instruction)
         if not (training and spec.followups):

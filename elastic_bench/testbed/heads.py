@@ -40,21 +40,31 @@ class OneHeadStreaming(Method):
         return HeadPlan(modes.to(call.query.device), StreamingGeometry(self.sink, self.local))
 
 
-def ablation_gates(model, vocab: Vocab, length: int = 2048, samples: int = 20, progress: bool = True) -> np.ndarray:
-    """``[layers, KV heads]`` gates in [0, 1]: the relative drop of ``niah_single`` exact match at ``length`` tokens
-    when that head alone streams (sink 16, window 256)."""
+def ablation_gates(model, vocab: Vocab, length: int = 2048, samples: int = 20,
+                   tasks: tuple[str, ...] = ("niah_single", "niah_multikey"), progress: bool = True) -> np.ndarray:
+    """``[layers, KV heads]`` gates in [0, 1]: the largest relative drop of exact match at ``length`` tokens over
+    ``tasks`` (`generators.SPECS` names; by default the sensitive family) when that head alone streams (sink 16,
+    window 256). Tasks the model fails with full attention are left out.
+
+    Raises:
+        ValueError: the model solves none of ``tasks`` with full attention.
+    """
     from elastic_bench.attention import apply
 
+    def scores() -> dict[str, float]:
+        found = exact_match(model, vocab, [length], samples, tasks=list(tasks))
+        return {task: per_length[str(length)] for task, per_length in found.items()}
+
+    full = {task: score for task, score in scores().items() if score > 0}
+    if not full:
+        raise ValueError(f"the model solves none of {list(tasks)} with full attention; no head is a retrieval head")
     config = model.config
-    full = exact_match(model, vocab, [length], samples, tasks=["niah_single"])["testbed_niah_single"][str(length)]
-    if full == 0:
-        raise ValueError("the model does not solve niah_single with full attention; no head is a retrieval head")
     gates = np.zeros((config.num_hidden_layers, config.num_key_value_heads))
     cells = [(layer, head) for layer in range(gates.shape[0]) for head in range(gates.shape[1])]
     for layer, head in tqdm(cells, desc="head ablation", disable=not progress):
         with apply(OneHeadStreaming(layer, head), model, backend="reference"):
-            score = exact_match(model, vocab, [length], samples, tasks=["niah_single"])
-        gates[layer, head] = max(0.0, full - score["testbed_niah_single"][str(length)]) / full
+            ablated = scores()
+        gates[layer, head] = max(max(0.0, full[t] - ablated[t]) / full[t] for t in full)
     return gates
 
 

@@ -13,14 +13,15 @@ Design decisions (after a feasibility run on one H200; see docs/benchmarks.md, "
 - Some steps (`TrainConfig.streaming_fraction`, once sequences exceed the window) train the robust tasks under the
   sink-16 + window-256 streaming mask, so that their answers do not depend on the middle of the context, which is
   what the robust family stands for.
-- Deterministic from the seed: the weights' initialisation and the batch of step ``s`` (a function of ``(seed, s)``
-  alone, whatever the number of data workers); AdamW with fp32 master weights under bf16 autocast on the GPU;
-  warm-up then cosine decay to 10%. Checkpoints every `TrainConfig.checkpoint_every` steps and on a time limit; a
-  rerun with the same output folder resumes.
+- Deterministic from the seed: the weights' initialisation, the batch of step ``s`` (a function of ``(seed, s)``
+  alone, whatever the number of data workers) and, through `deterministic_algorithms`, the kernels. AdamW with fp32
+  master weights under bf16 autocast on the GPU; warm-up then cosine decay to 10%. Checkpoints every
+  `TrainConfig.checkpoint_every` steps and on a time limit; a rerun with the same output folder resumes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -58,8 +59,12 @@ class TrainConfig:
         stage_fraction: fraction of the steps spent at each curriculum length.
         mix_weights: after the curriculum, the probabilities of the last three curriculum lengths.
         task_weights: sampling probability of each task (`generators.SPECS` names).
+        curriculum_task_weights: the task probabilities during the curriculum (None: ``task_weights``), e.g. only
+            ``niah_multikey`` so that key matching forms before the easier positional tasks join.
         streaming_fraction: share of the post-curriculum steps that train the robust tasks under `streaming`.
         streaming: the sink + window geometry of those steps (and of the final evaluation).
+        rope_theta: the model's RoPE base.
+        deterministic: run with PyTorch's deterministic kernels (`deterministic_algorithms`).
         lr, warmup_fraction, min_lr_ratio, weight_decay, grad_clip: AdamW and its schedule.
         checkpoint_every: steps between checkpoints.
         eval_samples: samples per task and length of the final evaluation (0: none).
@@ -77,8 +82,11 @@ class TrainConfig:
     task_weights: dict[str, float] = field(
         default_factory=lambda: {"niah_single": 0.2, "niah_multikey": 0.4, "niah_recent": 0.25, "repeat": 0.15}
     )
+    curriculum_task_weights: dict[str, float] | None = None
     streaming_fraction: float = 0.1
     streaming: tuple[int, int] = (16, 256)
+    rope_theta: float = 10000.0
+    deterministic: bool = True
     lr: float = 1.5e-3
     warmup_fraction: float = 0.02
     min_lr_ratio: float = 0.1
@@ -93,7 +101,7 @@ class TrainConfig:
             raise ValueError(f"need steps >= 1 and batch_tokens >= max_length, got {self.steps}, {self.batch_tokens}")
         if self.min_length > self.max_length or self.min_length < 128:
             raise ValueError(f"need 128 <= min_length <= max_length, got {self.min_length}, {self.max_length}")
-        unknown = set(self.task_weights) - set(SPECS)
+        unknown = (set(self.task_weights) | set(self.curriculum_task_weights or {})) - set(SPECS)
         if unknown:
             raise ValueError(f"unknown testbed tasks {sorted(unknown)}; known: {list(SPECS)}")
         self.mix_weights, self.streaming = tuple(self.mix_weights), tuple(self.streaming)
@@ -104,6 +112,11 @@ class TrainConfig:
         while lengths[-1] * 2 <= self.max_length:
             lengths.append(lengths[-1] * 2)
         return lengths
+
+    @property
+    def curriculum_steps(self) -> int:
+        """Steps of the curriculum (after them, lengths are mixed)."""
+        return max(1, round(self.stage_fraction * self.steps)) * len(self.curriculum)
 
     @property
     def eval_lengths(self) -> list[int]:
@@ -120,13 +133,13 @@ class TrainConfig:
         return StreamingGeometry(*self.streaming)
 
 
-def model_config(vocab: Vocab, max_length: int = 4096):
+def model_config(vocab: Vocab, max_length: int = 4096, rope_theta: float = 10000.0):
     """The testbed's `LlamaConfig` (6.8M parameters)."""
     from transformers import LlamaConfig
 
     return LlamaConfig(
         vocab_size=len(vocab), hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_attention_heads=8,
-        num_key_value_heads=2, head_dim=32, max_position_embeddings=max_length, rope_theta=10000.0,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=max_length, rope_theta=rope_theta,
         tie_word_embeddings=False, bos_token_id=vocab.bos_id, eos_token_id=vocab.eos_id, pad_token_id=vocab.pad_id,
         attn_implementation="sdpa",
     )
@@ -143,12 +156,9 @@ class Batches(torch.utils.data.Dataset):
 
     def __init__(self, config: TrainConfig, vocab: Vocab):
         self.config, self.vocab, self.generator = config, vocab, Generator(vocab)
-        self.tasks = list(config.task_weights)
-        weights = np.array([config.task_weights[t] for t in self.tasks], dtype=np.float64)
-        self.task_p = weights / weights.sum()
-        robust = [t for t in self.tasks if SPECS[t].category == "robust"]
-        self.robust_p = np.array([config.task_weights[t] for t in robust]) / sum(config.task_weights[t] for t in robust)
-        self.robust = robust
+        self.mixture = _mixture(config.task_weights)
+        self.curriculum_mixture = _mixture(config.curriculum_task_weights or config.task_weights)
+        self.robust = _mixture({t: w for t, w in config.task_weights.items() if SPECS[t].category == "robust"})
 
     def __len__(self) -> int:
         return self.config.steps
@@ -164,11 +174,12 @@ class Batches(torch.utils.data.Dataset):
         cfg = self.config
         rng = np.random.default_rng([cfg.seed, step])
         length = self.length_at(step, rng)
-        after_curriculum = step >= round(cfg.stage_fraction * cfg.steps) * len(cfg.curriculum)
+        after_curriculum = step >= cfg.curriculum_steps
+        robust_tasks = self.robust[0]
         streaming = bool(
-            self.robust and after_curriculum and length > sum(cfg.streaming) and rng.random() < cfg.streaming_fraction
+            robust_tasks and after_curriculum and length > sum(cfg.streaming) and rng.random() < cfg.streaming_fraction
         )
-        tasks, p = (self.robust, self.robust_p) if streaming else (self.tasks, self.task_p)
+        tasks, p = self.robust if streaming else self.mixture if after_curriculum else self.curriculum_mixture
         batch = cfg.batch_tokens // length
         ids = np.empty((batch, length), dtype=np.int64)
         weights = np.empty((batch, length), dtype=np.float32)
@@ -186,6 +197,13 @@ class Batches(torch.utils.data.Dataset):
             "answer": weights[rows, cols + 1] == 1.0,
             "streaming": streaming,
         }
+
+
+def _mixture(weights: dict[str, float]) -> tuple[list[str], np.ndarray]:
+    """(task names, their probabilities) of the tasks with a positive weight."""
+    tasks = [t for t, w in weights.items() if w > 0]
+    p = np.array([weights[t] for t in tasks], dtype=np.float64)
+    return tasks, p / p.sum() if tasks else p
 
 
 def _as_is(batch: dict[str, Any]) -> dict[str, Any]:
@@ -236,15 +254,35 @@ def train(
     Returns:
         The ``TRAINING.json`` record (``complete`` says whether all steps ran).
     """
+    with deterministic_algorithms(config.deterministic):
+        return _train(config, Path(output), device, max_minutes, command, progress)
+
+
+@contextlib.contextmanager
+def deterministic_algorithms(enabled: bool = True):
+    """PyTorch's deterministic kernels for the duration when ``enabled`` (SDPA's flash and memory-efficient backward
+    without atomics, a sorted embedding backward, cuBLAS with a fixed workspace): the same seed then gives the same
+    weights on the same GPU model and software. The previous setting is restored on exit."""
+    if enabled:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts: before the first matmul
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(enabled)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
+def _train(config: TrainConfig, output: Path, device: str | None, max_minutes: float | None, command: str | None,
+           progress: bool) -> dict[str, Any]:
     from tqdm.auto import tqdm
     from transformers import LlamaForCausalLM
 
-    output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     vocab = build()
     torch.manual_seed(config.seed)
-    model = LlamaForCausalLM(model_config(vocab, config.max_length))
+    model = LlamaForCausalLM(model_config(vocab, config.max_length, config.rope_theta))
     if config.init_from:
         from safetensors.torch import load_file
 
