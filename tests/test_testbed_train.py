@@ -73,6 +73,15 @@ def test_batches_are_a_function_of_seed_and_step():
     rows, cols = np.divmod(first["positions"], first["ids"].shape[1])
     assert np.array_equal(first["ids"][rows, cols + 1], first["targets"])  # position t predicts token t+1
     assert first["answer"].sum() > 0 and np.all(first["weights"][first["answer"]] == 1.0)
+    # one first token per answer: each sequence's answer, plus the followups of multi-key sequences
+    tasks = [list(SPECS)[i] for i in first["task"][first["first"]]]
+    rows_of = {t: sum(first["task"][first["first"]] == list(SPECS).index(t)) for t in set(tasks)}
+    answers = {t: (1 + 3 * SPECS[t].followups) for t in set(tasks)}
+    sequences = {t: rows_of[t] // answers[t] for t in set(tasks)}
+    assert all(rows_of[t] == sequences[t] * answers[t] for t in set(tasks))
+    assert sum(sequences.values()) == first["ids"].shape[0]
+    assert np.isin(first["targets"][first["first"] & (first["task"] == list(SPECS).index("niah_single"))],
+                   vocab.digit_ids).all()  # a needle answer starts with its value's first digit
 
 
 TOY = dict(steps=3, batch_tokens=256, min_length=256, max_length=256, eval_samples=1, checkpoint_every=2)
@@ -90,6 +99,8 @@ def test_interrupted_and_resumed_training_equals_one_run_and_exports_a_loadable_
     a = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)["model"]
     b = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+    log = [json.loads(line) for line in (tmp_path / "a" / "train_log.jsonl").read_text().splitlines()]
+    assert log[-1]["step"] == 3 and all(0 <= v["first"] <= 1 for v in log[-1]["tasks"].values())
     record = json.loads((tmp_path / "a" / "TRAINING.json").read_text())
     assert record["command"] == "cmd" and record["seed"] == 0 and record["versions"]["torch"]
     assert set(record["evaluation"]["full"]["tasks"]) == {f"testbed_{n}" for n in SPECS}

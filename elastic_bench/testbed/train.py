@@ -150,8 +150,9 @@ class Batches(torch.utils.data.Dataset):
 
     A batch holds numpy arrays (passed from data workers through pipes, not shared memory): ``ids [B, L]``,
     ``positions [T]`` (flat indices into ``ids`` of the tokens whose next token is scored), ``targets [T]``,
-    ``weights [T]``, ``answer [T]`` (bool: an answer token or ``</s>``), and ``streaming`` (bool: train under the
-    streaming mask).
+    ``weights [T]``, ``answer [T]`` (bool: an answer token or ``</s>``), ``first [T]`` (bool: an answer's first
+    token, which for the needle tasks names the needle chosen), ``task [T]`` (index into `generators.SPECS` of the
+    sequence's task), and ``streaming`` (bool: train under the streaming mask).
     """
 
     def __init__(self, config: TrainConfig, vocab: Vocab):
@@ -183,18 +184,22 @@ class Batches(torch.utils.data.Dataset):
         batch = cfg.batch_tokens // length
         ids = np.empty((batch, length), dtype=np.int64)
         weights = np.empty((batch, length), dtype=np.float32)
-        for row, task in enumerate(rng.choice(tasks, size=batch, p=p)):
+        row_tasks = rng.choice(tasks, size=batch, p=p)
+        for row, task in enumerate(row_tasks):
             ids[row], weights[row] = self.generator.example(SPECS[task], rng, length, training=True).training_sequence(
                 self.vocab
             )
         scored = np.flatnonzero(weights[:, 1:] > 0)  # flat over [B, L-1]: predicting token t+1 from position t
         rows, cols = np.divmod(scored, length - 1)
+        answer = weights[rows, cols + 1] == 1.0
         return {
             "ids": ids,
             "positions": rows * length + cols,
             "targets": ids[rows, cols + 1],
             "weights": weights[rows, cols + 1],
-            "answer": weights[rows, cols + 1] == 1.0,
+            "answer": answer,
+            "first": answer & (weights[rows, cols] != 1.0),
+            "task": np.array([list(SPECS).index(t) for t in row_tasks], dtype=np.int64)[rows],
             "streaming": streaming,
         }
 
@@ -204,6 +209,17 @@ def _mixture(weights: dict[str, float]) -> tuple[list[str], np.ndarray]:
     tasks = [t for t, w in weights.items() if w > 0]
     p = np.array([weights[t] for t in tasks], dtype=np.float64)
     return tasks, p / p.sum() if tasks else p
+
+
+def _task_accuracy(batch: dict[str, Any], correct: np.ndarray) -> dict[str, dict[str, float]]:
+    """Per task in the batch: accuracy over its answer tokens and over its answers' first tokens (for the needle
+    tasks, how often the right needle is chosen), from ``correct [T]`` (bool, argmax == target)."""
+    out = {}
+    for index in np.unique(batch["task"]):
+        mine = batch["task"] == index
+        out[list(SPECS)[index]] = {"answer": round(float(correct[mine & batch["answer"]].mean()), 4),
+                                   "first": round(float(correct[mine & batch["first"]].mean()), 4)}
+    return out
 
 
 def _as_is(batch: dict[str, Any]) -> dict[str, Any]:
@@ -340,12 +356,12 @@ def _train(config: TrainConfig, output: Path, device: str | None, max_minutes: f
             bar.update(1)
             done = step + 1
             if done % 25 == 0 or done == config.steps:
-                answer = torch.from_numpy(batch["answer"]).to(device)
-                accuracy = float((logits.argmax(-1) == targets)[answer].float().mean())
+                correct = (logits.argmax(-1) == targets).cpu().numpy()
+                accuracy = float(correct[batch["answer"]].mean())
                 elapsed = trained_seconds + time.monotonic() - began
                 entry = {"step": done, "length": length, "streaming": batch["streaming"], "loss": round(loss.item(), 4),
-                         "answer_token_accuracy": round(accuracy, 4), "lr": learning_rate(config, step),
-                         "seconds": round(elapsed, 1)}
+                         "answer_token_accuracy": round(accuracy, 4), "tasks": _task_accuracy(batch, correct),
+                         "lr": learning_rate(config, step), "seconds": round(elapsed, 1)}
                 log.write(json.dumps(entry) + "\n")
                 log.flush()
                 bar.set_postfix(len=length, loss=f"{loss.item():.3f}", acc=f"{accuracy:.3f}")
