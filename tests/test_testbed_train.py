@@ -16,7 +16,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
 def test_curriculum_then_mixture_and_streaming_steps_train_robust_tasks_only():
-    config = TrainConfig(steps=1000, batch_tokens=4096, streaming_fraction=0.5)
+    config = TrainConfig(steps=1000, batch_tokens=4096, streaming_fraction=0.5, stage_fraction=0.04)
     batches = Batches(config, build())
     rng = np.random.default_rng(0)
     assert [batches.length_at(s, rng) for s in (0, 39, 40, 80, 120, 160)] == [256, 256, 512, 1024, 2048, 4096]
@@ -34,8 +34,8 @@ def test_curriculum_then_mixture_and_streaming_steps_train_robust_tasks_only():
 
 def test_curriculum_task_weights_apply_during_the_curriculum_only():
     vocab = build()
-    config = TrainConfig(steps=1000, batch_tokens=4096, streaming_fraction=0.0,
-                         curriculum_task_weights={"niah_multikey": 1.0})
+    config = TrainConfig(steps=1000, batch_tokens=4096, streaming_fraction=0.0, stage_fraction=0.04)
+    assert config.curriculum_task_weights == {"niah_multikey": 1.0}  # the shipped recipe
     batches = Batches(config, vocab)
     assert config.curriculum_steps == 200
     multikey = SPECS["niah_multikey"].instruction.split()[0]  # "Some"

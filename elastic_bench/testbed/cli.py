@@ -25,25 +25,28 @@ def add_cli(sub) -> None:
     p = commands.add_parser(
         "train", help="train the testbed model from scratch",
         description="Train the testbed model: word-level tokenizer, task generators, context curriculum 256 → 4096, "
-        "bf16 on the GPU. Deterministic from --seed. Writes checkpoints, a log, and at the end the model "
-        "(config.json, model.safetensors in bf16, tokenizer files) and TRAINING.json (command, versions, exact-match "
-        "accuracies with full and streaming attention). Rerunning with the same --output resumes.",
+        "bf16 on the GPU; the defaults are the shipped checkpoint's recipe. Deterministic from --seed (deterministic "
+        "kernels). Writes checkpoints, a log, and at the end the model (config.json, model.safetensors in bf16, "
+        "tokenizer files) and TRAINING.json (command, versions, exact-match accuracies with full and streaming "
+        "attention). Rerunning with the same --output resumes.",
     )
     p.add_argument("--output", required=True, help="folder for checkpoints and the exported model")
     p.add_argument("--seed", type=int, default=0, help="initialisation and data seed (default 0)")
-    p.add_argument("--steps", type=int, default=6000, help="optimiser steps (default 6000)")
+    p.add_argument("--steps", type=int, default=9200, help="optimiser steps (default 9200)")
     p.add_argument("--batch-tokens", type=int, default=65536, help="tokens per step (default 65536)")
     p.add_argument("--max-length", type=int, default=4096, help="longest curriculum length (default 4096)")
     p.add_argument("--eval-samples", type=int, default=100,
                    help="samples per task and length of the final evaluation (default 100; 0: none)")
     p.add_argument("--min-length", type=int, default=256, help="first curriculum length (default 256)")
-    p.add_argument("--stage-fraction", type=float, default=0.04,
-                   help="fraction of the steps spent at each curriculum length (default 0.04)")
+    p.add_argument("--stage-fraction", type=float, default=0.06,
+                   help="fraction of the steps spent at each curriculum length (default 0.06)")
     p.add_argument("--lr", type=float, default=1.5e-3, help="peak learning rate (default 1.5e-3)")
     p.add_argument("--task-weights", type=_weights, metavar="TASK=W,...",
-                   help="sampling weights of the tasks, e.g. niah_multikey=0.5,repeat=0.2 (default: the built-in mix)")
+                   help="sampling weights of the tasks after the curriculum (default "
+                   "niah_multikey=0.45,repeat=0.2,niah_recent=0.2,niah_single=0.15)")
     p.add_argument("--curriculum-task-weights", type=_weights, metavar="TASK=W,...",
-                   help="task weights during the curriculum, e.g. niah_multikey=1 (default: --task-weights)")
+                   help="task weights during the curriculum (default niah_multikey=1: key matching forms before "
+                   "the positional tasks join; give the --task-weights mix to train it from the start)")
     p.add_argument("--rope-theta", type=float, default=10000.0, help="the model's RoPE base (default 10000)")
     p.add_argument("--nondeterministic", action="store_true",
                    help="allow PyTorch's non-deterministic GPU kernels (faster backward; runs then differ bit for bit)")
@@ -110,10 +113,10 @@ def _train(args) -> int:
         raise ValueError(f"--max-minutes must be positive, got {args.max_minutes}")
     options = dict(seed=args.seed, steps=args.steps, batch_tokens=args.batch_tokens, min_length=args.min_length,
                    max_length=args.max_length, stage_fraction=args.stage_fraction, lr=args.lr,
-                   eval_samples=args.eval_samples, init_from=args.init_from,
-                   curriculum_task_weights=args.curriculum_task_weights, rope_theta=args.rope_theta)
-    if args.task_weights:
-        options["task_weights"] = args.task_weights
+                   eval_samples=args.eval_samples, init_from=args.init_from, rope_theta=args.rope_theta)
+    for name in ("task_weights", "curriculum_task_weights"):
+        if getattr(args, name):
+            options[name] = getattr(args, name)
     config = TrainConfig(**options, deterministic=not args.nondeterministic)
     flags = [f"--{key.replace('_', '-')}" for key in options]
     values = [",".join(f"{k}={w}" for k, w in v.items()) if isinstance(v, dict) else str(v) for v in options.values()]
