@@ -56,6 +56,14 @@ def test_training_runs_with_deterministic_kernels_and_restores_the_setting(tmp_p
     train(TrainConfig(**(TOY | {"deterministic": False})), tmp_path / "b", device="cpu")
     assert seen == [True, False] and torch.are_deterministic_algorithms_enabled() == before
 
+    def no_deterministic_kernel(*args):
+        raise RuntimeError("index_add_cuda_ does not have a deterministic implementation, but you set ...")
+
+    monkeypatch.setattr(train_module, "_train", no_deterministic_kernel)
+    with pytest.raises(NotImplementedError, match="--nondeterministic"):
+        train(TrainConfig(**TOY), tmp_path / "c", device="cpu")
+    assert torch.are_deterministic_algorithms_enabled() == before
+
 
 def test_rope_theta_reaches_the_exported_model(tmp_path):
     from elastic_bench.models import load_model

@@ -270,9 +270,20 @@ def train(
 
     Returns:
         The ``TRAINING.json`` record (``complete`` says whether all steps ran).
+
+    Raises:
+        NotImplementedError: ``config.deterministic`` and an operation has no deterministic kernel on the device.
     """
     with deterministic_algorithms(config.deterministic):
-        return _train(config, Path(output), device, max_minutes, command, progress)
+        try:
+            return _train(config, Path(output), device, max_minutes, command, progress)
+        except RuntimeError as error:
+            if config.deterministic and "deterministic" in str(error):
+                raise NotImplementedError(
+                    f"an operation has no deterministic kernel on this device ({str(error).splitlines()[0]}); "
+                    "train with --nondeterministic into a new --output folder"
+                ) from error
+            raise
 
 
 @contextlib.contextmanager
