@@ -168,18 +168,17 @@ def _eval(args) -> int:
 def _heads(args) -> int:
     from elastic_bench.models import load_model
 
+    from .generators import SPECS
     from .heads import ablation_gates, write_gates
     from .vocab import build
 
     if len(args.length) != 1 or args.samples < 1:
         raise ValueError("--length takes one length and --samples must be at least 1")
-    model, _ = load_model(args.model, device=args.device)
-    from .generators import SPECS
-
     tasks = tuple(t.strip().removeprefix("testbed_") for t in args.tasks.split(","))
     unknown = [t for t in tasks if t not in SPECS]
     if unknown:
         raise ValueError(f"unknown testbed tasks {unknown}; known: {list(SPECS)}")
+    model, _ = load_model(args.model, device=args.device)
     gates = ablation_gates(model, build(), args.length[0], args.samples, tasks)
     write_gates(gates, args.output)
     print(gates.round(2))
