@@ -81,15 +81,19 @@ def test_batches_are_a_function_of_seed_and_step():
     rows, cols = np.divmod(first["positions"], first["ids"].shape[1])
     assert np.array_equal(first["ids"][rows, cols + 1], first["targets"])  # position t predicts token t+1
     assert first["answer"].sum() > 0 and np.all(first["weights"][first["answer"]] == 1.0)
-    # one first token per answer: each sequence's answer, plus the followups of multi-key sequences
-    tasks = [list(SPECS)[i] for i in first["task"][first["first"]]]
-    rows_of = {t: sum(first["task"][first["first"]] == list(SPECS).index(t)) for t in set(tasks)}
-    answers = {t: (1 + 3 * SPECS[t].followups) for t in set(tasks)}
-    sequences = {t: rows_of[t] // answers[t] for t in set(tasks)}
-    assert all(rows_of[t] == sequences[t] * answers[t] for t in set(tasks))
-    assert sum(sequences.values()) == first["ids"].shape[0]
-    assert np.isin(first["targets"][first["first"] & (first["task"] == list(SPECS).index("niah_single"))],
-                   vocab.digit_ids).all()  # a needle answer starts with its value's first digit
+
+
+def test_batches_mark_each_answers_first_token_and_task():
+    vocab = build()
+    batch = Batches(TrainConfig(seed=3), vocab)[3000]  # after the curriculum: every task in the batch
+    rows = batch["positions"] // batch["ids"].shape[1]
+    for index, name in enumerate(SPECS):
+        mine = batch["task"] == index
+        sequences = len(np.unique(rows[mine]))
+        answers = 1 + 3 * SPECS[name].followups  # multi-key sequences also ask for their three distractors
+        assert sequences > 0 and int((mine & batch["first"]).sum()) == sequences * answers
+    single = batch["first"] & (batch["task"] == list(SPECS).index("niah_single"))
+    assert np.isin(batch["targets"][single], vocab.digit_ids).all()  # a needle answer opens with its first digit
 
 
 TOY = dict(steps=3, batch_tokens=256, min_length=256, max_length=256, eval_samples=1, checkpoint_every=2)
