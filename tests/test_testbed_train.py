@@ -94,6 +94,28 @@ def test_batches_mark_each_answers_first_token_and_task():
         assert sequences > 0 and int((mine & batch["first"]).sum()) == sequences * answers
     single = batch["first"] & (batch["task"] == list(SPECS).index("niah_single"))
     assert np.isin(batch["targets"][single], vocab.digit_ids).all()  # a needle answer opens with its first digit
+    weighted = Batches(TrainConfig(seed=3, first_token_weight=4.0), vocab)[3000]
+    assert np.array_equal(weighted["targets"], batch["targets"])
+    assert np.all(weighted["weights"][batch["first"]] == 4.0)
+    assert np.array_equal(weighted["weights"][~batch["first"]], batch["weights"][~batch["first"]])
+
+
+def test_curriculum_needles_add_distractors_but_keep_four_questions():
+    vocab = build()
+    config = TrainConfig(seed=3, curriculum_needles=16)
+    step = 2 * round(config.stage_fraction * config.steps)  # the 1K stage, multi-key only
+    many, usual = Batches(config, vocab)[step], Batches(TrainConfig(seed=3), vocab)[step]
+    needle = vocab.encode("magic numbers for")
+    for batch, count in ((many, 16), (usual, 4)):
+        ids = batch["ids"]
+        assert ids.shape[1] == 1024
+        row = ids[0]
+        starts = sum(np.array_equal(row[i:i + len(needle)], needle) for i in range(len(row) - len(needle)))
+        assert starts == count  # the needles; questions say "magic number for"
+        rows = batch["positions"] // ids.shape[1]
+        assert int((batch["first"] & (rows == 0)).sum()) == 4  # the answer and three followups
+    after = Batches(config, vocab)[3000]  # after the curriculum: the task's four needles again
+    assert np.array_equal(after["ids"], Batches(TrainConfig(seed=3), vocab)[3000]["ids"])
 
 
 TOY = dict(steps=3, batch_tokens=256, min_length=256, max_length=256, eval_samples=1, checkpoint_every=2)

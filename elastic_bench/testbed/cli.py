@@ -40,6 +40,14 @@ def add_cli(sub) -> None:
     p.add_argument("--min-length", type=int, default=256, help="first curriculum length (default 256)")
     p.add_argument("--stage-fraction", type=float, default=0.06,
                    help="fraction of the steps spent at each curriculum length (default 0.06)")
+    p.add_argument("--mix-weights", type=_floats, metavar="W,W,W",
+                   help="after the curriculum, the weights of the last curriculum lengths, shortest first (default "
+                   "0.25,0.25,0.5: 1K, 2K, 4K)")
+    p.add_argument("--curriculum-needles", type=int, default=4,
+                   help="during the curriculum, niah_multikey hides up to this many needles (length // 64 at most, "
+                   "4 at least; default 4)")
+    p.add_argument("--first-token-weight", type=float, default=1.0,
+                   help="loss weight of each answer's first token, the one that names the needle (default 1)")
     p.add_argument("--lr", type=float, default=1.5e-3, help="peak learning rate (default 1.5e-3)")
     p.add_argument("--task-weights", type=_weights, metavar="TASK=W,...",
                    help="sampling weights of the tasks after the curriculum (default "
@@ -106,6 +114,15 @@ def _weights(value: str) -> dict[str, float]:
         raise argparse.ArgumentTypeError(f"task weights look like niah_multikey=0.5,repeat=0.2: {value!r}") from None
 
 
+def _floats(value: str) -> tuple[float, ...]:
+    import argparse
+
+    try:
+        return tuple(float(w) for w in value.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"weights look like 0.25,0.25,0.5: {value!r}") from None
+
+
 def _train(args) -> int:
     from .train import TrainConfig, train
 
@@ -113,13 +130,15 @@ def _train(args) -> int:
         raise ValueError(f"--max-minutes must be positive, got {args.max_minutes}")
     options = dict(seed=args.seed, steps=args.steps, batch_tokens=args.batch_tokens, min_length=args.min_length,
                    max_length=args.max_length, stage_fraction=args.stage_fraction, lr=args.lr,
-                   eval_samples=args.eval_samples, init_from=args.init_from, rope_theta=args.rope_theta)
-    for name in ("task_weights", "curriculum_task_weights"):
+                   eval_samples=args.eval_samples, init_from=args.init_from, rope_theta=args.rope_theta,
+                   curriculum_needles=args.curriculum_needles, first_token_weight=args.first_token_weight)
+    for name in ("mix_weights", "task_weights", "curriculum_task_weights"):
         if getattr(args, name):
             options[name] = getattr(args, name)
     config = TrainConfig(**options, deterministic=not args.nondeterministic)
     flags = [f"--{key.replace('_', '-')}" for key in options]
-    values = [",".join(f"{k}={w}" for k, w in v.items()) if isinstance(v, dict) else str(v) for v in options.values()]
+    values = [",".join(f"{k}={w}" for k, w in v.items()) if isinstance(v, dict)
+              else ",".join(map(str, v)) if isinstance(v, tuple) else str(v) for v in options.values()]
     command = shlex.join(["elastic-bench", "testbed", "train", "--output", args.output]
                          + [x for flag, v, raw in zip(flags, values, options.values()) if raw is not None
                             for x in (flag, v)] + ["--nondeterministic"] * args.nondeterministic)

@@ -30,6 +30,7 @@ MAX_NEW_TOKENS = 16  # generation budget: a 7-digit answer or six words, the ful
 RECENT_SENTENCES = 16  # the robust needle sits within this many haystack sentences of the context's end
 REPEAT_WORDS = 6
 PROMPT_WEIGHT = 0.1  # training-loss weight of the question and answer-prefix tokens (answer tokens weigh 1)
+MAX_FOLLOWUPS = 3  # training-time questions about distractor needles, after the answer
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,8 @@ class TaskSpec:
         instruction, question, prefix: the template texts (``{key}`` is the queried key).
         num_needles: key-value needles in the haystack (0 for ``repeat``).
         recent: the queried needle sits near the end of the context.
-        followups: in training, after the answer, the other needles are queried too (more answer tokens per
-            sequence; prompts for evaluation never have them).
+        followups: in training, after the answer, up to `MAX_FOLLOWUPS` other needles are queried too (more answer
+            tokens per sequence; prompts for evaluation never have them).
     """
 
     name: str
@@ -152,18 +153,21 @@ class Generator:
         before, middle, after = self._needle_parts
         return np.concatenate([before, [key], middle, value, after])
 
-    def example(self, spec: TaskSpec, rng: np.random.Generator, length: int, training: bool = False) -> Example:
+    def example(self, spec: TaskSpec, rng: np.random.Generator, length: int, training: bool = False,
+                needles: int | None = None) -> Example:
         """One example of ``spec`` whose length is exactly ``length`` tokens: the prompt (``<s>`` included) plus
         `MAX_NEW_TOKENS` for evaluation, or the whole training sequence (answers, ``</s>``, followups) for training.
+        ``needles`` overrides the task's number of needles (a needle task's training curriculum).
 
         Raises:
             ValueError: ``length`` leaves too little room for the haystack.
         """
         vocab = self.vocab
-        keys = rng.choice(vocab.key_ids, size=max(spec.num_needles, REPEAT_WORDS), replace=False)
+        count = spec.num_needles if needles is None or not spec.num_needles else needles
+        keys = rng.choice(vocab.key_ids, size=max(count, REPEAT_WORDS), replace=False)
         inserts: list[tuple[int, np.ndarray]] = []  # (haystack sentence slot, ids), resolved below
         needles, followups = [], []
-        for key in keys[: spec.num_needles]:
+        for key in keys[:count]:
             value = vocab.number(int(rng.integers(10**6, 10**7)))
             needles.append(self._needle(int(key), value))
             followups.append((np.concatenate([self._fill(spec.question, int(key)), self._fill(spec.prefix, int(key))]),
@@ -172,6 +176,7 @@ class Generator:
             answer = followups[0][1]
             followups = followups[1:]
             rng.shuffle(followups)
+            followups = followups[:MAX_FOLLOWUPS]
         else:  # repeat: the context's last sentence, six haystack words (the LM head predicts them often enough to
             # learn them; rare pseudo-word keys it could not copy)
             answer = np.concatenate([rng.choice(self._haystack_words, REPEAT_WORDS), [self.dot]])

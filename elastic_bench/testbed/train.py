@@ -62,6 +62,11 @@ class TrainConfig:
         task_weights: sampling probability of each task (`generators.SPECS` names).
         curriculum_task_weights: the task probabilities during the curriculum (None: ``task_weights``), e.g. only
             ``niah_multikey`` so that key matching forms before the easier positional tasks join.
+        curriculum_needles: during the curriculum, ``niah_multikey`` hides ``min(curriculum_needles, length // 64)``
+            needles (at least its usual 4): with many distractors, choosing a needle by position or by elimination
+            rarely pays, and matching the queried key does.
+        first_token_weight: loss weight of each answer's first token (the other answer tokens weigh 1). For the
+            needle tasks it is the token that names the needle chosen; the later digits can be copied from it.
         streaming_fraction: share of the post-curriculum steps that train the robust tasks under `streaming`.
         streaming: the sink + window geometry of those steps (and of the final evaluation).
         rope_theta: the model's RoPE base.
@@ -84,6 +89,8 @@ class TrainConfig:
         default_factory=lambda: {"niah_multikey": 0.45, "repeat": 0.2, "niah_recent": 0.2, "niah_single": 0.15}
     )
     curriculum_task_weights: dict[str, float] | None = field(default_factory=lambda: {"niah_multikey": 1.0})
+    curriculum_needles: int = 4
+    first_token_weight: float = 1.0
     streaming_fraction: float = 0.1
     streaming: tuple[int, int] = (16, 256)
     rope_theta: float = 10000.0
@@ -151,9 +158,9 @@ class Batches(torch.utils.data.Dataset):
 
     A batch holds numpy arrays (passed from data workers through pipes, not shared memory): ``ids [B, L]``,
     ``positions [T]`` (flat indices into ``ids`` of the tokens whose next token is scored), ``targets [T]``,
-    ``weights [T]``, ``answer [T]`` (bool: an answer token or ``</s>``), ``first [T]`` (bool: an answer's first
-    token, which for the needle tasks names the needle chosen), ``task [T]`` (index into `generators.SPECS` of the
-    sequence's task), and ``streaming`` (bool: train under the streaming mask).
+    ``weights [T]`` (loss weights), ``answer [T]`` (bool: an answer token or ``</s>``), ``first [T]`` (bool: an
+    answer's first token, which for the needle tasks names the needle chosen), ``task [T]`` (index into
+    `generators.SPECS` of the sequence's task), and ``streaming`` (bool: train under the streaming mask).
     """
 
     def __init__(self, config: TrainConfig, vocab: Vocab):
@@ -186,20 +193,23 @@ class Batches(torch.utils.data.Dataset):
         ids = np.empty((batch, length), dtype=np.int64)
         weights = np.empty((batch, length), dtype=np.float32)
         row_tasks = rng.choice(tasks, size=batch, p=p)
+        needles = None if after_curriculum else min(cfg.curriculum_needles, length // 64)
         for row, task in enumerate(row_tasks):
-            ids[row], weights[row] = self.generator.example(SPECS[task], rng, length, training=True).training_sequence(
-                self.vocab
-            )
+            spec = SPECS[task]
+            count = max(spec.num_needles, needles) if needles and spec.followups else None
+            example = self.generator.example(spec, rng, length, training=True, needles=count)
+            ids[row], weights[row] = example.training_sequence(self.vocab)
         scored = np.flatnonzero(weights[:, 1:] > 0)  # flat over [B, L-1]: predicting token t+1 from position t
         rows, cols = np.divmod(scored, length - 1)
         answer = weights[rows, cols + 1] == 1.0
+        first = answer & (weights[rows, cols] != 1.0)
         return {
             "ids": ids,
             "positions": rows * length + cols,
             "targets": ids[rows, cols + 1],
-            "weights": weights[rows, cols + 1],
+            "weights": np.where(first, np.float32(cfg.first_token_weight), weights[rows, cols + 1]),
             "answer": answer,
-            "first": answer & (weights[rows, cols] != 1.0),
+            "first": first,
             "task": np.array([list(SPECS).index(t) for t in row_tasks], dtype=np.int64)[rows],
             "streaming": streaming,
         }
@@ -334,7 +344,7 @@ def _train(config: TrainConfig, output: Path, device: str | None, max_minutes: f
         _atomic_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
                       "trained_seconds": seconds, "config": dataclasses.asdict(config)}, checkpoint)
 
-    workers = min(4, os.cpu_count() or 1) if device.type == "cuda" else 0
+    workers = min(8, os.cpu_count() or 1) if device.type == "cuda" else 0
     loader = torch.utils.data.DataLoader(
         Batches(config, vocab), batch_size=None, sampler=range(start, config.steps), num_workers=workers,
         collate_fn=_as_is, prefetch_factor=4 if workers else None,
