@@ -53,6 +53,7 @@ class RouterConfig:
     num_logits: int = 2
     pooling: str = "boundary"
     pool_tokens: int = 100
+    center_features: bool = False
     attention: ModeConfig = field(default_factory=ModeConfig)
     training: dict[str, Any] = field(default_factory=dict)
 
@@ -85,7 +86,8 @@ class RouterBank(torch.nn.Module):
         super().__init__()
         self.config = config
         self.layers = torch.nn.ModuleList(
-            AttentionRouter(config.head_dim, config.hidden_mult, config.num_logits, config.pooling, config.pool_tokens)
+            AttentionRouter(config.head_dim, config.hidden_mult, config.num_logits, config.pooling, config.pool_tokens,
+                            config.num_kv_heads if config.center_features else None)
             for _ in range(config.num_layers)
         )
 

@@ -62,6 +62,9 @@ def add_cli(sub) -> None:
                    help="router pooling: first+last 100 prompt keys, or all prompt keys")
     p.add_argument("--train-pooling", choices=["boundary", "mean"],
                    help="pooling during training only (mean: the official training's whole-prompt mean)")
+    p.add_argument("--center-features", action="store_true",
+                   help="center the router's pooled keys by their per-(layer, KV head) mean over training prompts "
+                   "(computed once with full attention, saved with the routers)")
     p.add_argument("--sink", type=int, default=128, help="streaming sink tokens")
     p.add_argument("--local-window", type=int, default=2048, help="streaming local-window tokens (query included)")
     p.add_argument("--granularity", default="block", choices=["block", "token"], help="streaming granularity")
@@ -85,7 +88,8 @@ def _train_router(args) -> int:
         pack_tokens=args.pack_tokens, max_tokens=args.max_tokens, router_lr=args.router_lr, lambda_lr=args.lambda_lr,
         lambda_weight_decay=args.lambda_weight_decay, tau_schedule=args.tau_schedule, penalty=args.penalty,
         loss_tokens=args.loss_tokens, pooling=args.pooling, relaxation=args.relaxation,
-        train_pooling=args.train_pooling, backend=args.backend, gradient_checkpointing=args.gradient_checkpointing,
+        train_pooling=args.train_pooling, center_features=args.center_features, backend=args.backend,
+        gradient_checkpointing=args.gradient_checkpointing,
         device=args.device, dtype=args.dtype, seed=args.seed, save_every=args.save_every,
         attention=ModeConfig(args.mode, args.sink, args.local_window, args.granularity, xa_threshold=args.xa_threshold),
     )

@@ -40,6 +40,8 @@ class AttentionRouter(nn.Module):
         num_logits: 2 (softmax router, the default and the released checkpoints) or 1 (Gumbel-sigmoid, App. F).
         pooling: ``"boundary"`` (first and last ``pool_tokens`` keys) or ``"mean"`` (all keys).
         pool_tokens: boundary size for ``"boundary"`` pooling.
+        num_kv_heads: ``H`` when the pooled keys are centred (an elastic-bench extension, not in the paper or the
+            released checkpoints): a fixed buffer ``feature_mean [H, D]`` is subtracted from them before the MLPs.
 
     Parameter count ``2·(2·m·D² + m·D + D) + 2·D + 2``: 263,682 at D = 128, m = 4.
     """
@@ -51,6 +53,7 @@ class AttentionRouter(nn.Module):
         num_logits: Literal[1, 2] = 2,
         pooling: Pooling = "boundary",
         pool_tokens: int = 100,
+        num_kv_heads: int | None = None,
     ):
         super().__init__()
         if num_logits not in (1, 2):
@@ -63,6 +66,13 @@ class AttentionRouter(nn.Module):
         self.cls_router_head_agnostic = nn.Sequential(
             nn.Linear(d, hidden), nn.SiLU(), nn.Linear(hidden, d), nn.SiLU(), nn.Linear(d, num_logits)
         )
+        if num_kv_heads is not None:
+            # Set by the trainer from its prompts and saved with the weights. Without it a head's pooled keys are
+            # mostly a component shared by all prompts; what tells tasks apart is a small part, and the shared MLP
+            # learns to route every prompt alike before it learns that part.
+            self.register_buffer("feature_mean", torch.zeros(num_kv_heads, head_dim))
+        else:
+            self.feature_mean = None
         self.reset_parameters()
 
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
@@ -85,7 +95,10 @@ class AttentionRouter(nn.Module):
 
     def forward(self, keys: torch.Tensor, pooling: Pooling | None = None) -> torch.Tensor:
         """Logits ``[B, H, num_logits]`` for the pre-RoPE keys ``[B, H, S, D]`` of each prompt."""
-        return self.cls_router_head_agnostic(self.cls_feat_extractor(self.pool(keys, pooling)))
+        pooled = self.pool(keys, pooling)
+        if self.feature_mean is not None:
+            pooled = pooled - self.feature_mean
+        return self.cls_router_head_agnostic(self.cls_feat_extractor(pooled))
 
     @staticmethod
     def decide(logits: torch.Tensor) -> torch.Tensor:

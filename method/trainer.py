@@ -66,6 +66,8 @@ class TrainConfig:
         targets: target ΩMSR per category; every category of the data needs one.
         attention: what the router's sides mean (mode, streaming geometry, XAttention).
         hidden_mult, pooling: router architecture.
+        center_features: subtract from the router's pooled keys a fixed per-(layer, KV head) mean, the category-balanced
+            mean over the evaluation prompts with full attention, computed once before step 1 (`feature_means`).
         relaxation: ``"softmax"`` (2 logits per head, Gumbel-softmax: the paper's main setting and the released
             checkpoints) or ``"sigmoid"`` (1 logit per head, Gumbel-sigmoid of App. F).
         train_pooling: pooling in training if different (``"mean"``: the official training's whole-prompt mean).
@@ -96,6 +98,7 @@ class TrainConfig:
     pooling: str = "boundary"
     relaxation: str = "softmax"
     train_pooling: str | None = None
+    center_features: bool = False
     router_lr: float = 5e-4
     lambda_lr: float = 1e-3
     weight_decay: float = 0.1
@@ -200,9 +203,12 @@ def train(config: TrainConfig, progress: bool = True, loaded: tuple[nn.Module, A
     bank = RouterConfig(
         layers, kv_heads, head_dim, base_model=config.model, hidden_mult=config.hidden_mult, pooling=config.pooling,
         num_logits=2 if config.relaxation == "softmax" else 1, attention=config.attention,
+        center_features=config.center_features,
     ).build()
     for router in bank.layers:
         router.reset_parameters(gen)
+    if config.center_features:  # a resumed run overwrites it with the saved one
+        feature_means(model, bank, eval_rows, len(categories), device)
     lambdas = LagrangeMultipliers(len(categories), gen)
     bank.to(device)
     lambdas.to(device)
@@ -290,6 +296,38 @@ def train(config: TrainConfig, progress: bool = True, loaded: tuple[nn.Module, A
               replica_diff if ranks.world_size > 1 else None)
     ranks.barrier()
     return TrainResult(bank, result_lambdas, log, final)
+
+
+def feature_means(model: nn.Module, bank, rows: list[PackedRow], num_categories: int, device) -> None:
+    """Set each router's ``feature_mean [H, D]``: the mean over categories of the per-category mean pooled pre-RoPE key
+    of the prompts of ``rows``, with full attention on every head."""
+    from elastic_bench.attention import apply
+    from elastic_bench.methods.base import Method
+
+    layers, heads, dim = len(bank.layers), bank.config.num_kv_heads, bank.config.head_dim
+    sums = torch.zeros(num_categories, layers, heads, dim, dtype=torch.float64)
+    counts = torch.zeros(num_categories, dtype=torch.float64)
+    current: dict[str, Any] = {}
+
+    class _Pool(Method):
+        needs_pre_rope_keys = True
+
+        def prefill_plan(self, call):
+            pooled = bank[call.layer_idx].pool(call.pre_rope_keys).double().cpu()  # [1, H, D]
+            sums[current["cat"][call.sample_ids[0]], call.layer_idx] += pooled[0]
+            full = torch.ones(call.batch_size, call.num_kv_heads, dtype=torch.bool, device=call.query.device)
+            return bank.config.attention.plan(full, call.query, call.key)
+
+    loss_model = LossModel(model)
+    with torch.no_grad(), _autocast(device), apply(_Pool(), model, backend="auto"):
+        for row in rows:
+            current["cat"] = row.categories.tolist()
+            loss_model(*_row_inputs(row, device)[:4], None)
+            counts.index_add_(0, row.categories, torch.ones(row.num_samples, dtype=torch.float64))
+    present = counts > 0
+    mean = (sums[present] / counts[present][:, None, None, None]).mean(dim=0)
+    for layer, router in enumerate(bank.layers):
+        router.feature_mean.copy_(mean[layer].float())
 
 
 def training_backend(requested: str | None, device: torch.device) -> str:

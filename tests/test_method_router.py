@@ -63,6 +63,16 @@ def test_router_shares_weights_across_heads_and_index_one_is_full():
     assert AttentionRouter.decide(torch.tensor([[[0.5], [-0.5]]])).tolist() == [[True, False]]
 
 
+def test_feature_centering_subtracts_a_fixed_per_head_mean_before_the_shared_mlps():
+    plain, centered = AttentionRouter(8), AttentionRouter(8, num_kv_heads=2)
+    assert plain.feature_mean is None and centered.feature_mean.shape == (2, 8)
+    assert n_params(centered) == n_params(plain)  # a buffer, not a trained parameter
+    centered.load_state_dict({**plain.state_dict(), "feature_mean": torch.randn(2, 8)})
+    keys = torch.randn(3, 2, 250, 8)
+    shifted = keys - centered.feature_mean[None, :, None, :]  # pooling is a mean, so centering commutes with it
+    torch.testing.assert_close(centered(keys), plain(shifted))
+
+
 def test_straight_through_softmax_is_hard_forward_and_soft_backward():
     logits = torch.randn(5, 3, 2, requires_grad=True)
     noise = gumbel_noise((5, 3, 2), torch.Generator().manual_seed(0))

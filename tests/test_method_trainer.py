@@ -135,6 +135,20 @@ def test_gumbel_sigmoid_routers_train_save_and_load(tmp_path, tiny_models):
     assert handle.decisions().shape == (1, 2, 2)
 
 
+def test_centered_routers_learn_their_feature_mean_once_and_save_it(tmp_path):
+    from elastic_bench.method import load_routers
+
+    result = train(config(tmp_path, center_features=True), progress=False, loaded=fresh_model())
+    means = torch.stack([router.feature_mean for router in result.routers.layers])  # [L, H, D]
+    assert means.shape == (2, 2, result.routers.config.head_dim) and means.abs().sum() > 0
+    loaded = load_routers(tmp_path / "out")
+    assert loaded.config.center_features
+    torch.testing.assert_close(torch.stack([r.feature_mean for r in loaded.layers]), means.cpu())
+    # the mean is that of the pooled keys of the evaluation prompts, category-balanced, under full attention
+    again = train(config(tmp_path / "b", center_features=True, steps=1), progress=False, loaded=fresh_model())
+    torch.testing.assert_close(torch.stack([r.feature_mean for r in again.routers.layers]), means)
+
+
 def test_gradient_checkpointing_recomputes_the_same_decisions(tmp_path):
     plain = train(config(tmp_path / "a", steps=1), progress=False, loaded=fresh_model())
     ckpt = train(config(tmp_path / "b", steps=1, gradient_checkpointing=True), progress=False, loaded=fresh_model())
