@@ -154,16 +154,16 @@ class Generator:
         return np.concatenate([before, [key], middle, value, after])
 
     def example(self, spec: TaskSpec, rng: np.random.Generator, length: int, training: bool = False,
-                needles: int | None = None) -> Example:
+                num_needles: int | None = None) -> Example:
         """One example of ``spec`` whose length is exactly ``length`` tokens: the prompt (``<s>`` included) plus
         `MAX_NEW_TOKENS` for evaluation, or the whole training sequence (answers, ``</s>``, followups) for training.
-        ``needles`` overrides the task's number of needles (a needle task's training curriculum).
+        ``num_needles`` overrides the task's number of needles (a needle task's training curriculum).
 
         Raises:
             ValueError: ``length`` leaves too little room for the haystack.
         """
         vocab = self.vocab
-        count = spec.num_needles if needles is None or not spec.num_needles else needles
+        count = spec.num_needles if num_needles is None or not spec.num_needles else num_needles
         keys = rng.choice(vocab.key_ids, size=max(count, REPEAT_WORDS), replace=False)
         inserts: list[tuple[int, np.ndarray]] = []  # (haystack sentence slot, ids), resolved below
         needles, followups = [], []

@@ -197,7 +197,7 @@ class Batches(torch.utils.data.Dataset):
         for row, task in enumerate(row_tasks):
             spec = SPECS[task]
             count = max(spec.num_needles, needles) if needles and spec.followups else None
-            example = self.generator.example(spec, rng, length, training=True, needles=count)
+            example = self.generator.example(spec, rng, length, training=True, num_needles=count)
             ids[row], weights[row] = example.training_sequence(self.vocab)
         scored = np.flatnonzero(weights[:, 1:] > 0)  # flat over [B, L-1]: predicting token t+1 from position t
         rows, cols = np.divmod(scored, length - 1)
