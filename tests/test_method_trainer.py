@@ -144,7 +144,7 @@ def test_centered_routers_learn_their_feature_mean_once_and_save_it(tmp_path):
     loaded = load_routers(tmp_path / "out")
     assert loaded.config.center_features
     torch.testing.assert_close(torch.stack([r.feature_mean for r in loaded.layers]), means.cpu())
-    # the mean is that of the pooled keys of the evaluation prompts, category-balanced, under full attention
+    # computed once, before training: a one-step run starts from the same mean
     again = train(config(tmp_path / "b", center_features=True, steps=1), progress=False, loaded=fresh_model())
     torch.testing.assert_close(torch.stack([r.feature_mean for r in again.routers.layers]), means)
 

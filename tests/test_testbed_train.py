@@ -44,6 +44,10 @@ def test_curriculum_task_weights_apply_during_the_curriculum_only():
     assert set().union(*first_words[3:]) > {multikey}  # after the curriculum: the whole mixture
     with pytest.raises(ValueError, match="unknown testbed tasks"):
         TrainConfig(curriculum_task_weights={"niah_nothing": 1.0})
+    with pytest.raises(ValueError, match="mix weights"):
+        TrainConfig(mix_weights=(0.0, 0.0, 0.0))
+    with pytest.raises(ValueError, match="first_token_weight > 0"):
+        TrainConfig(first_token_weight=0.0)
 
 
 def test_training_runs_with_deterministic_kernels_and_restores_the_setting(tmp_path, monkeypatch):

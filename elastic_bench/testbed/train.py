@@ -113,6 +113,11 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown testbed tasks {sorted(unknown)}; known: {list(SPECS)}")
         self.mix_weights, self.streaming = tuple(self.mix_weights), tuple(self.streaming)
+        if min(self.mix_weights) < 0 or sum(self.mix_weights) <= 0:
+            raise ValueError(f"mix weights must be non-negative with a positive sum, got {self.mix_weights}")
+        if self.first_token_weight <= 0 or self.curriculum_needles < 1:
+            raise ValueError(f"need first_token_weight > 0 and curriculum_needles >= 1, got {self.first_token_weight}, "
+                             f"{self.curriculum_needles}")
 
     @property
     def curriculum(self) -> list[int]:
