@@ -14,6 +14,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import torch
@@ -21,6 +22,7 @@ import torch
 from .plan import HeadPlan, Mode
 
 
+@functools.cache
 def _importable(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 

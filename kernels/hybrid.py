@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .plan import HeadPlan, Mode
+from .plan import HeadPlan
 from .reference import naive_hybrid_attention
 
 BackendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, HeadPlan, float], torch.Tensor]
@@ -116,7 +116,7 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: HeadPlan) ->
         raise ValueError(f"more queries ({Lq}) than keys ({Lk}): append the keys to the cache first")
     if tuple(plan.modes.shape) != (B, H):
         raise ValueError(f"plan is for {tuple(plan.modes.shape)} (batch, KV heads); inputs have ({B}, {H})")
-    if plan.has(Mode.BLOCK_SPARSE):
+    if plan.blocks is not None:  # present iff a head is BLOCK_SPARSE (HeadPlan checks); no device sync here
         n_blocks = -(-Lk // plan.block_size)
         if plan.blocks.shape != (B, Hq, n_blocks):
             raise ValueError(

@@ -19,9 +19,10 @@ Design decisions:
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -43,13 +44,13 @@ class TileConfig:
     tma: bool = False
 
 
-# Per head dimension (padded to a power of two). 128: the fastest of six shapes on an H200 over dense, streaming and
-# block-sparse plans at 32K (docs/benchmarks.md); other head dims are not tuned.
+# Per head dimension (padded to a power of two). 128: six shapes compared on an H200 at 32K, then the pipeline depth
+# (3 over 2) and variants at 8K-128K (docs/benchmarks.md, "Tile shape"); other head dims are not tuned.
 CONFIGS: dict[int, TileConfig] = {
     16: TileConfig(64, 64, 4, 3, True),
     32: TileConfig(64, 64, 4, 3, True),
     64: TileConfig(128, 64, 4, 3, True),
-    128: TileConfig(128, 128, 8, 2, True),
+    128: TileConfig(128, 128, 8, 3, True),
     256: TileConfig(64, 32, 8, 2, True),
 }
 
@@ -81,16 +82,22 @@ def _pack(groups: int, block_m: int) -> int:
 
 
 def _config(q: torch.Tensor, plan: HeadPlan, config: TileConfig | None) -> TileConfig:
-    cfg = config or CONFIGS.get(_pow2(max(q.shape[-1], 16)))
+    blocky = plan.blocks is not None or plan.streaming.granularity == "block"
+    return _fit_config(config, q.shape[-1], q.dtype, plan.block_size if blocky else None)
+
+
+@functools.cache  # per-call host time matters at short lengths; the inputs of this choice rarely change
+def _fit_config(config: TileConfig | None, head_dim: int, dtype: torch.dtype, block_size: int | None) -> TileConfig:
+    """The launch shape for a head dim and dtype, clipped to ``block_size`` when the plan has block geometry."""
+    cfg = config or CONFIGS.get(_pow2(max(head_dim, 16)))
     if cfg is None:
-        raise ValueError(f"the triton backend supports head_dim up to 256, got {q.shape[-1]}")
-    if q.dtype == torch.float32:  # twice the bytes per tile: halve the key step and the pipeline depth
-        cfg = TileConfig(cfg.block_m, max(16, cfg.block_n // 2), cfg.num_warps, 2, cfg.tma)
-    bs = plan.block_size
-    if plan.blocks is not None or plan.streaming.granularity == "block":
-        if bs & (bs - 1) or bs < 16:
-            raise ValueError(f"the triton backend needs a power-of-two block_size >= 16, got {bs}")
-        cfg = TileConfig(min(cfg.block_m, bs), min(cfg.block_n, bs), cfg.num_warps, cfg.num_stages, cfg.tma)
+        raise ValueError(f"the triton backend supports head_dim up to 256, got {head_dim}")
+    if dtype == torch.float32:  # twice the bytes per tile: halve the key step and the pipeline depth
+        cfg = replace(cfg, block_n=max(16, cfg.block_n // 2), num_stages=2)
+    if block_size is not None:
+        if block_size & (block_size - 1) or block_size < 16:
+            raise ValueError(f"the triton backend needs a power-of-two block_size >= 16, got {block_size}")
+        cfg = replace(cfg, block_m=min(cfg.block_m, block_size), block_n=min(cfg.block_n, block_size))
     return cfg
 
 
@@ -141,8 +148,7 @@ def triton_hybrid_attention(
         counts, offsets, indices = (t.to(q.device) for t in (sel.counts, sel.offsets, sel.indices))
         n_rows = sel.shape[2]
     else:
-        counts = indices = torch.zeros(1, dtype=torch.int32, device=q.device)
-        offsets = torch.zeros(1, dtype=torch.int64, device=q.device)
+        counts, offsets, indices = _no_blocks(q.device)
         n_rows = 1
     sink_end, quantum, back = _streaming_params(plan)
     modes = plan.modes.to(device=q.device, dtype=torch.uint8).contiguous()
@@ -166,11 +172,23 @@ def triton_hybrid_attention(
     return out
 
 
+@functools.cache
+def _no_blocks(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Placeholder CSR arguments (counts, offsets, indices) for a plan without BLOCK_SPARSE heads, made once."""
+    zero32 = torch.zeros(1, dtype=torch.int32, device=device)
+    return zero32, torch.zeros(1, dtype=torch.int64, device=device), zero32
+
+
+@functools.cache
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
 def _use_tma(cfg: TileConfig, k: torch.Tensor, v: torch.Tensor, d_pad: int) -> bool:
     """TMA needs Hopper or newer (or the interpreter), an unpadded head dim and 16-byte aligned bases and strides."""
     if not cfg.tma or k.shape[-1] != d_pad:
         return False
-    if k.device.type == "cuda" and torch.cuda.get_device_capability(k.device)[0] < 9:
+    if k.device.type == "cuda" and _capability(k.device)[0] < 9:
         return False
     size = k.element_size()
     return all(t.data_ptr() % 16 == 0 and all(s * size % 16 == 0 for s in t.stride()[:-1]) for t in (k, v))
