@@ -18,7 +18,6 @@ Design decisions:
 
 from __future__ import annotations
 
-import functools
 import json
 import statistics
 import sys
@@ -119,7 +118,7 @@ def time_call(fn, device, repeats: int) -> float:
     fn()
     torch.cuda.synchronize(device)
     n = max(3, min(repeats, int(1.0 / max(time.perf_counter() - t, 1e-6))))
-    flush = _l2_flush_buffer(device)
+    flush = torch.empty(2**28, dtype=torch.int8, device=device)  # 256 MiB written before every call: no L2 hits
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
     for start, stop in events:  # queued, no synchronisation in between: device time, host launch work hidden
         flush.zero_()
@@ -128,14 +127,6 @@ def time_call(fn, device, repeats: int) -> float:
         stop.record()
     torch.cuda.synchronize(device)
     return statistics.median(start.elapsed_time(stop) for start, stop in events)
-
-
-@functools.cache
-def _l2_flush_buffer(device):
-    """256 MiB written before every timed call so no call finds its inputs in L2 (as `triton.testing.do_bench`)."""
-    import torch
-
-    return torch.empty(2**28, dtype=torch.int8, device=device)
 
 
 def _peak_gib(fn, device) -> float | None:
