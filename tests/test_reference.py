@@ -109,6 +109,10 @@ def test_plan_validation_errors():
         hybrid_attention(torch.randn(1, 4, 9, 16), k, k, HeadPlan.full(1, 2), backend="reference")
     with pytest.raises(ValueError, match="unknown attention backend"):
         hybrid_attention(q, k, k, HeadPlan.full(1, 2), backend="nope")
+    too_few_rows = BlockSelection.from_dense(torch.ones(1, 4, 2, 2, dtype=torch.bool))
+    plan = HeadPlan.uniform(Mode.BLOCK_SPARSE, 1, 2, blocks=too_few_rows, block_size=2)  # 8 keys need 4 rows, not 2
+    with pytest.raises(ValueError, match="block selection covers"):
+        hybrid_attention(q, k, k, plan, backend="reference")
 
 
 @pytest.mark.slow
