@@ -5,9 +5,9 @@ Design decisions:
   is within one run: speedup vs dense SDPA and vs ``flex`` on the same plan.
 - Rates are effective TFLOP/s on attended pairs: ``4 · d · A / t`` with ``A`` the exact pair count of the plan over all
   query heads (`pair_counts`), so a sparse cell is not credited for work it skips.
-- A call is timed end to end through `hybrid_attention`, per-call preparation included (the Triton work list, the
-  SDPA gather of ``split``), except FlexAttention's `BlockMask`, which is built once per plan and reported apart as
-  ``prep_ms`` (how FlexAttention is normally used and measured).
+- A call is timed end to end through `hybrid_attention`, its device work included (the SDPA gather of ``split``,
+  and any wait a host read of the plan forces), except FlexAttention's `BlockMask`, which is built once per plan and
+  reported apart as ``prep_ms`` (how FlexAttention is normally used and measured).
 - Timing (the method of `triton.testing.do_bench`): one warm-up call (compilation), then at least 3 and at most
   ``--repeats`` calls within about a second, queued without synchronisation, each after a 256 MiB L2 flush and
   bracketed by CUDA events; the median. So a time is the call's device time: host launch work overlaps the queue, as
