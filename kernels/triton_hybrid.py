@@ -34,23 +34,28 @@ LOG2E = 1.4426950408889634
 
 @dataclass(frozen=True)
 class TileConfig:
-    """Launch shape: query rows per program, keys per inner step, warps, software-pipelining depth, and whether K/V
-    tiles are loaded through TMA tensor descriptors (Hopper and newer) instead of pointer arithmetic."""
+    """Launch shape: query rows per program, keys per inner step, warps, software-pipelining depth, whether K/V
+    tiles are loaded through TMA tensor descriptors (Hopper and newer) instead of pointer arithmetic, and the
+    pipelining depth of the block-list loop (None: ``num_stages``). That loop loads each block's index before its
+    K/V tiles and Triton's pipeliner gives the index load stages of its own, so at ``num_stages`` the loop keeps one
+    K/V tile fewer in flight than the contiguous loops; a deeper setting gives it back."""
 
     block_m: int = 128
     block_n: int = 64
     num_warps: int = 8
     num_stages: int = 3
     tma: bool = False
+    gather_stages: int | None = None
 
 
 # Per head dimension (padded to a power of two). 128: six shapes compared on an H200 at 32K, then the pipeline depth
-# (3 over 2) and variants at 8K-128K (docs/benchmarks.md, "Tile shape"); other head dims are not tuned.
+# (3 over 2), the block-list loop's depth (6: -11% block-sparse time at 128K; 4 changes nothing, 5 equals 6) and
+# variants at 8K-128K (docs/benchmarks.md, "Kernels"); other head dims are not tuned.
 CONFIGS: dict[int, TileConfig] = {
     16: TileConfig(64, 64, 4, 3, True),
     32: TileConfig(64, 64, 4, 3, True),
     64: TileConfig(128, 64, 4, 3, True),
-    128: TileConfig(128, 128, 8, 3, True),
+    128: TileConfig(128, 128, 8, 3, True, 6),
     256: TileConfig(64, 32, 8, 2, True),
 }
 
@@ -93,7 +98,7 @@ def _fit_config(config: TileConfig | None, head_dim: int, dtype: torch.dtype, bl
     if cfg is None:
         raise ValueError(f"the triton backend supports head_dim up to 256, got {head_dim}")
     if dtype == torch.float32:  # twice the bytes per tile: halve the key step and the pipeline depth
-        cfg = replace(cfg, block_n=max(16, cfg.block_n // 2), num_stages=2)
+        cfg = replace(cfg, block_n=max(16, cfg.block_n // 2), num_stages=2, gather_stages=None)
     if block_size is not None:
         if block_size & (block_size - 1) or block_size < 16:
             raise ValueError(f"the triton backend needs a power-of-two block_size >= 16, got {block_size}")
@@ -166,7 +171,7 @@ def triton_hybrid_attention(
         sink_end, quantum, back, scale * LOG2E,
         D=D, D_PAD=d_pad, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, PACK=_pack(Hq // H, cfg.block_m),
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_TMA=k_desc is not None,
-        SKIP_MODE=int(Mode.FULL) if skip_full else -1,
+        SKIP_MODE=int(Mode.FULL) if skip_full else -1, GATHER_STAGES=cfg.gather_stages,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

@@ -26,7 +26,7 @@ def _attend(
     acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, b, h, lo, hi, lo2, hi2, block_ids,
     sub_blocks, block_size, pos, win_start, sink_end, Lk, qk_scale,
     D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, GATHER: tl.constexpr, MASK: tl.constexpr,
-    PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+    PRECISION: tl.constexpr, USE_TMA: tl.constexpr, STAGES: tl.constexpr = None,
 ):
     """Online-softmax update of one tile over key blocks ``lo..hi`` then ``lo2..hi2`` (``BLOCK_N`` keys each), in
     one loop: one software pipeline, not one per range.
@@ -34,12 +34,13 @@ def _attend(
     ``GATHER``: block ``j`` is sub-block ``j % sub_blocks`` of plan block ``block_ids[j // sub_blocks]``; otherwise it
     starts at key ``j * BLOCK_N``. ``MASK``: apply causality, the sink and the per-row window start ``win_start``.
     ``USE_TMA``: K/V tiles come through tensor descriptors over ``[B, H, Lk, D]`` (zero-filled past ``Lk``).
+    ``STAGES``: the loop's software-pipelining depth (None: the launch's ``num_stages``).
     """
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
     d_ok = offs_d < D
     n1 = hi - lo
-    for i in range(0, n1 + hi2 - lo2):
+    for i in tl.range(0, n1 + hi2 - lo2, num_stages=STAGES):
         j = tl.where(i < n1, lo + i, lo2 + i - n1)
         if GATHER:
             blk = tl.load(block_ids + j // sub_blocks)
@@ -92,11 +93,12 @@ def hybrid_fwd(
     B, Hq, H, G, Lq, Lk, n_tiles, first_tile, n_rows, block_size,
     stream_sink_end, stream_quantum, stream_back, qk_scale,
     D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PACK: tl.constexpr,
-    PRECISION: tl.constexpr, USE_TMA: tl.constexpr, SKIP_MODE: tl.constexpr,
+    PRECISION: tl.constexpr, USE_TMA: tl.constexpr, SKIP_MODE: tl.constexpr, GATHER_STAGES: tl.constexpr = None,
 ):
     """One work item: program ``pid`` takes query tile ``n_tiles - 1 - pid // (B·Hq)`` (heaviest first: a causal tile's
     work grows with its position) of sample ``pid // Hq % B`` and query head ``pid % Hq``; the heads of one tile are
-    adjacent in launch order, so they share K/V tiles in L2. Items of mode ``SKIP_MODE`` return at once.
+    adjacent in launch order, so they share K/V tiles in L2. Items of mode ``SKIP_MODE`` return at once. The
+    block-list loop pipelines ``GATHER_STAGES`` deep (None: ``num_stages``; see `TileConfig.gather_stages`).
 
     Streaming window start of a row at absolute position ``p``: ``(p // stream_quantum - stream_back) *
     stream_quantum`` (token geometry: quantum 1, back ``local - 1``; block geometry: quantum ``block_size``, back
@@ -181,7 +183,7 @@ def hybrid_fwd(
                             sink_end, Lk, qk_scale, D, D_PAD, BLOCK_N, False, True, PRECISION, USE_TMA)
     acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, K_desc, V_desc, b, h,
                             0, n_below * sub_blocks, 0, 0, ids_ptr, sub_blocks, block_size, pos, win_start,
-                            sink_end, Lk, qk_scale, D, D_PAD, BLOCK_N, True, False, PRECISION, USE_TMA)
+                            sink_end, Lk, qk_scale, D, D_PAD, BLOCK_N, True, False, PRECISION, USE_TMA, GATHER_STAGES)
     acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, K_desc, V_desc, b, h,
                             diag_lo, diag_hi, 0, 0, ids_ptr, sub_blocks, block_size, pos, win_start,
                             sink_end, Lk, qk_scale, D, D_PAD, BLOCK_N, False, True, PRECISION, USE_TMA)

@@ -125,6 +125,16 @@ def test_gpu_backends_match_reference(head_dim):
             assert (out - ref).norm() / ref.norm() < 1e-2, backend
 
 
+def test_fp32_config_pipelines_shallower():
+    from elastic_bench.kernels.triton_hybrid import CONFIGS, _fit_config
+
+    assert CONFIGS[128].gather_stages > CONFIGS[128].num_stages  # the block-list loop's index load takes stages
+    bf16 = _fit_config(None, 128, torch.bfloat16, None)
+    fp32 = _fit_config(None, 128, torch.float32, None)
+    assert bf16 == CONFIGS[128]
+    assert (fp32.block_n, fp32.num_stages, fp32.gather_stages) == (CONFIGS[128].block_n // 2, 2, None)
+
+
 def test_triton_unavailable_on_cpu_without_interpreter():
     from elastic_bench.kernels import available_backends, resolve_backend
 
