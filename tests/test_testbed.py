@@ -99,8 +99,12 @@ def test_followups_query_the_distractors_in_training_only(vocab):
         key = vocab.tokens[asked[np.flatnonzero(np.isin(asked, vocab.key_ids))[0]]]
         assert f"numbers for {key} is {vocab.decode(answer)}" in context
     ids, weights = train.training_sequence(vocab)
-    assert weights[: 1 + len(train.instruction) + len(train.context)].sum() == 0
+    text_end = 1 + len(train.instruction) + len(train.context)
+    assert weights[:text_end].sum() == 0
     assert (weights == 1.0).sum() == 4 * (len(train.answer) + 1)
+    _, lm_weights = train.training_sequence(vocab, context_weight=0.02)  # a light LM loss on the text alone
+    assert lm_weights[0] == 0 and np.all(lm_weights[1:text_end] == np.float32(0.02))
+    assert np.array_equal(lm_weights[text_end:], weights[text_end:])
 
 
 def test_same_seed_same_sample_other_seed_other_sample(vocab):

@@ -48,6 +48,8 @@ def test_curriculum_task_weights_apply_during_the_curriculum_only():
         TrainConfig(mix_weights=(0.0, 0.0, 0.0))
     with pytest.raises(ValueError, match="first_token_weight > 0"):
         TrainConfig(first_token_weight=0.0)
+    with pytest.raises(ValueError, match="context_weight"):
+        TrainConfig(context_weight=1.0)
 
 
 def test_training_runs_with_deterministic_kernels_and_restores_the_setting(tmp_path, monkeypatch):
@@ -102,6 +104,11 @@ def test_batches_mark_each_answers_first_token_and_task():
     assert np.array_equal(weighted["targets"], batch["targets"])
     assert np.all(weighted["weights"][batch["first"]] == 4.0)
     assert np.array_equal(weighted["weights"][~batch["first"]], batch["weights"][~batch["first"]])
+    lm = Batches(TrainConfig(seed=3, context_weight=0.02), vocab)[3000]  # every text token scored, answers as before
+    assert np.array_equal(lm["ids"], batch["ids"]) and len(lm["positions"]) > 10 * len(batch["positions"])
+    kept = np.isin(lm["positions"], batch["positions"])
+    assert np.array_equal(lm["weights"][kept], batch["weights"]) and np.all(lm["weights"][~kept] == np.float32(0.02))
+    assert lm["answer"].sum() == batch["answer"].sum()
 
 
 def test_curriculum_needles_add_distractors_but_keep_four_questions():

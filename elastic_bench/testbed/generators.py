@@ -98,13 +98,14 @@ class Example:
         """The answer text scored by containment (the value, or the repeated words), without the full stop."""
         return vocab.decode(self.answer[:-1])
 
-    def training_sequence(self, vocab: Vocab) -> tuple[np.ndarray, np.ndarray]:
+    def training_sequence(self, vocab: Vocab, context_weight: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
         """``(ids [L], weights [L])``: the full sequence with followups, and the loss weight of predicting each
         token from its predecessor (``weights[0] == 0``): 1 for answers and ``</s>``, `PROMPT_WEIGHT` for
-        questions and prefixes, 0 for the instruction and the context."""
+        questions and prefixes, ``context_weight`` for the instruction and the context (language modelling of the
+        text, whose needle template repeats and can be copied by content)."""
         eos = np.array([vocab.eos_id])
-        parts = [([vocab.bos_id], 0.0), (self.instruction, 0.0), (self.context, 0.0), (self.question, PROMPT_WEIGHT),
-                 (self.prefix, PROMPT_WEIGHT), (self.answer, 1.0), (eos, 1.0)]
+        parts = [([vocab.bos_id], 0.0), (self.instruction, context_weight), (self.context, context_weight),
+                 (self.question, PROMPT_WEIGHT), (self.prefix, PROMPT_WEIGHT), (self.answer, 1.0), (eos, 1.0)]
         for asked, answer in self.followups:
             parts += [(asked, PROMPT_WEIGHT), (answer, 1.0), (eos, 1.0)]
         ids = np.concatenate([np.asarray(p, dtype=np.int64) for p, _ in parts])

@@ -5,9 +5,10 @@ Design decisions (after a feasibility run on one H200; see docs/benchmarks.md, "
   parameters); word-level vocabulary (`elastic_bench.testbed.vocab`): byte-level tokens learned nothing in the same
   time.
 - Data: the task generators (`elastic_bench.testbed.generators`), mixed per sample; every sequence is filled to the
-  step's length exactly, so batches need no padding. The loss weighs answer tokens 1 and question/prefix tokens 0.1,
-  and the LM head runs on those positions only. ``niah_multikey`` sequences also query their three distractors after
-  the answer (more answer tokens per sequence; evaluation prompts never have them).
+  step's length exactly, so batches need no padding. The loss weighs answer tokens 1, question/prefix tokens 0.1 and
+  the text `TrainConfig.context_weight` (0 by default), and the LM head runs on the weighted positions only.
+  ``niah_multikey`` sequences also query their three distractors after the answer (more answer tokens per sequence;
+  evaluation prompts never have them).
 - Context curriculum: 256 → 512 → 1K → 2K → 4K, each for `TrainConfig.stage_fraction` of the steps, then 1K/2K/4K mixed
   (4K half the time). Tokens per step are constant, so a step costs about the same at every length.
 - Some steps (`TrainConfig.streaming_fraction`, once sequences exceed the window) train the robust tasks under the
@@ -65,6 +66,9 @@ class TrainConfig:
         curriculum_needles: during the curriculum, ``niah_multikey`` hides ``min(curriculum_needles, length // 64)``
             needles (at least its usual 4): with many distractors, choosing a needle by position or by elimination
             rarely pays, and matching the queried key does.
+        context_weight: loss weight of the instruction and context tokens (answers weigh 1, questions and prefixes
+            `generators.PROMPT_WEIGHT`): a light language-modelling loss on the text itself, whose repeated needle
+            template rewards copying by content (what it did and did not change: TRAINING.md).
         first_token_weight: loss weight of each answer's first token (the other answer tokens weigh 1). For the
             needle tasks it is the token that names the needle chosen; the later digits can be copied from it.
         streaming_fraction: share of the post-curriculum steps that train the robust tasks under `streaming`.
@@ -90,6 +94,7 @@ class TrainConfig:
     )
     curriculum_task_weights: dict[str, float] | None = field(default_factory=lambda: {"niah_multikey": 1.0})
     curriculum_needles: int = 4
+    context_weight: float = 0.0
     first_token_weight: float = 1.0
     streaming_fraction: float = 0.1
     streaming: tuple[int, int] = (16, 256)
@@ -115,6 +120,8 @@ class TrainConfig:
         self.mix_weights, self.streaming = tuple(self.mix_weights), tuple(self.streaming)
         if min(self.mix_weights) < 0 or sum(self.mix_weights) <= 0:
             raise ValueError(f"mix weights must be non-negative with a positive sum, got {self.mix_weights}")
+        if not 0 <= self.context_weight < 1:
+            raise ValueError(f"context_weight must be in [0, 1), got {self.context_weight}")
         if self.first_token_weight <= 0 or self.curriculum_needles < 1:
             raise ValueError(f"need first_token_weight > 0 and curriculum_needles >= 1, got {self.first_token_weight}, "
                              f"{self.curriculum_needles}")
@@ -203,7 +210,7 @@ class Batches(torch.utils.data.Dataset):
             spec = SPECS[task]
             count = max(spec.num_needles, needles) if needles and spec.followups else None
             example = self.generator.example(spec, rng, length, training=True, num_needles=count)
-            ids[row], weights[row] = example.training_sequence(self.vocab)
+            ids[row], weights[row] = example.training_sequence(self.vocab, cfg.context_weight)
         scored = np.flatnonzero(weights[:, 1:] > 0)  # flat over [B, L-1]: predicting token t+1 from position t
         rows, cols = np.divmod(scored, length - 1)
         answer = weights[rows, cols + 1] == 1.0
