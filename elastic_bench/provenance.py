@@ -1,9 +1,11 @@
-"""Provenance recorded with every result: versions, git hash, device, date."""
+"""Provenance recorded with every result: versions, git hash, source digest, device, date."""
 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import importlib.metadata
+import importlib.util
 import platform
 import subprocess
 from functools import lru_cache
@@ -32,6 +34,34 @@ def git_hash() -> str | None:
         return None
 
 
+# The folders whose Python files make up elastic-bench (the pillars install under its namespace; pyproject.toml).
+SOURCE_PACKAGES = ("elastic_bench", "elastic_bench.method", "elastic_bench.kernels", "elastic_bench.tasks",
+                   "elastic_bench.reports")
+
+
+def digest(roots: list[Path]) -> str:
+    """First 16 hex digits of the SHA-256 over every ``*.py`` file under ``roots`` (relative path and bytes, in
+    sorted order): the same code gives the same digest wherever it is copied."""
+    sha = hashlib.sha256()
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            sha.update(f"{root.name}/{path.relative_to(root).as_posix()}\0".encode())
+            sha.update(path.read_bytes())
+    return sha.hexdigest()[:16]
+
+
+@lru_cache(maxsize=1)
+def source_digest() -> str:
+    """Digest of the running elastic-bench code. Unlike `git_hash` it does not depend on the checkout's history, so
+    it identifies the code of a copied working tree (a remote GPU machine, a wheel) too."""
+    roots = []
+    for name in SOURCE_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            roots.append(Path(list(spec.submodule_search_locations)[0]))
+    return digest(roots)
+
+
 def device_name(device=None) -> str:
     import torch
 
@@ -42,10 +72,11 @@ def device_name(device=None) -> str:
 
 
 def provenance(device=None) -> dict[str, Any]:
-    """Versions, git hash, device and UTC date."""
+    """Versions, git hash, source digest, device and UTC date."""
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "git_hash": git_hash(),
+        "source_digest": source_digest(),
         "device": device_name(device),
         "versions": {
             name: _version(name)

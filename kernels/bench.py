@@ -313,7 +313,8 @@ def format_table(report: dict[str, Any]) -> str:
         )
     prov = report["provenance"]
     versions = ", ".join(f"{k} {v}" for k, v in prov["versions"].items() if v)
-    lines.append(f"{prov['date']} · {prov['device']} · {versions}")
+    code = f"code {prov.get('git_hash') or 'outside git'}, source digest {prov.get('source_digest')}"
+    lines.append(f"{prov['date']} · {prov['device']} · {versions} · {code}")
     return "\n".join(lines)
 
 

@@ -45,7 +45,8 @@ def test_run_writes_every_cell_and_rerun_does_no_work(tmp_path, counted_generati
             cell = Cell(config.output, "tiny-qwen3", method, "ruler_niah_single_1", length)
             assert {p.name for p in cell.dir.iterdir()} == {"config.json", "predictions.jsonl", "metrics.json"}
             metrics = cell.metrics()
-            for key in ("score", "omega_msr", "omega_esr", "prefill_seconds", "versions", "git_hash", "device"):
+            provenance = ("versions", "git_hash", "source_digest", "device")
+            for key in ("score", "omega_msr", "omega_esr", "prefill_seconds", *provenance):
                 assert key in metrics
             assert len(cell.predictions()) == 2
             assert metrics["omega_msr"] == (0.0 if method == "full" else 1.0)
@@ -157,3 +158,18 @@ def test_torchrun_two_ranks_shard_samples_and_match_one_process(tmp_path):
         assert not list(cells[0].dir.glob("predictions.rank*"))
         metrics = [c.metrics() for c in cells]
         assert metrics[0]["world_size"] == 2 and metrics[0]["score"] == metrics[1]["score"]
+
+
+def test_source_digest_names_the_code_not_the_checkout(tmp_path):
+    from elastic_bench.provenance import digest, source_digest
+
+    a, b = tmp_path / "a" / "pkg", tmp_path / "b" / "pkg"
+    for root in (a, b):
+        (root / "sub").mkdir(parents=True)
+        (root / "mod.py").write_text("x = 1\n")
+        (root / "sub" / "inner.py").write_text("y = 2\n")
+    (b / "notes.txt").write_text("not code")  # only Python files count
+    assert digest([a]) == digest([b])  # same code in two places
+    (b / "sub" / "inner.py").write_text("y = 3\n")
+    assert digest([a]) != digest([b])
+    assert len(source_digest()) == 16 and source_digest() == source_digest()
