@@ -211,3 +211,20 @@ def test_testbed_data_command(tmp_path, capsys):
     assert len(rows) == len(SPECS)
     assert cli.main(["testbed", "data", "--output", str(out), "--samples", "0"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_key_matching_probe_finds_the_shipped_models_matching_heads(vocab):
+    from transformers import LlamaForCausalLM
+
+    from elastic_bench.models import TESTBED_DIR
+    from elastic_bench.testbed.heads import best_head, key_matching
+    from elastic_bench.testbed.train import model_config
+
+    shipped = LlamaForCausalLM.from_pretrained(TESTBED_DIR, dtype=torch.float32)
+    selectivity = key_matching(shipped, vocab, length=512, samples=2)
+    assert selectivity.shape == (6, 8) and shipped.config._attn_implementation == "sdpa"  # restored
+    best = best_head(selectivity)
+    assert (best["layer"], best["head"]) in {(3, 1), (3, 3)} and best["selectivity"] > 0.8
+    torch.manual_seed(0)
+    untrained = LlamaForCausalLM(model_config(vocab))
+    assert key_matching(untrained, vocab, length=512, samples=2).max() < 0.2

@@ -146,10 +146,12 @@ def test_interrupted_and_resumed_training_equals_one_run_and_exports_a_loadable_
     assert all(torch.equal(a[k], b[k]) for k in a)
     log = [json.loads(line) for line in (tmp_path / "a" / "train_log.jsonl").read_text().splitlines()]
     assert log[-1]["step"] == 3 and all(0 <= v["first"] <= 1 for v in log[-1]["tasks"].values())
+    assert log[-1]["key_matching"].keys() == {"selectivity", "layer", "head"}  # probed at the last step
     record = json.loads((tmp_path / "a" / "TRAINING.json").read_text())
     assert record["command"] == "cmd" and record["seed"] == 0 and record["versions"]["torch"]
     assert set(record["evaluation"]["full"]["tasks"]) == {f"testbed_{n}" for n in SPECS}
     assert record["evaluation"]["streaming"]["geometry"] == {"sink": 16, "local": 256}
+    assert record["evaluation"]["key_matching"]["selectivity"] < 0.5  # three steps learn no key matching
     model, tokenizer = load_model(str(tmp_path / "a"), dtype=torch.bfloat16, device="cpu")
     assert model.num_parameters() == record["parameters"] == 6_729_984
     assert (tmp_path / "a" / "model.safetensors").stat().st_size < 16 * 2**20

@@ -1,4 +1,5 @@
-"""``elastic-bench testbed {train,data,eval}``: train the testbed model, write router-training records, evaluate.
+"""``elastic-bench testbed {train,data,eval,heads,probe}``: train the testbed model, write router-training records,
+evaluate, find its retrieval heads, probe its key matching.
 
 Heavy imports happen inside the handlers.
 """
@@ -107,6 +108,18 @@ def add_cli(sub) -> None:
     p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     p.set_defaults(handler=_heads)
 
+    p = commands.add_parser(
+        "probe", help="does a testbed model find a needle by its key? (per-head key-matching selectivity)",
+        description="At the question's key token of niah_multikey prompts, the attention mass each query head puts "
+        "on the queried needle minus its mean mass on a distractor needle (layers × query heads). A model that "
+        "retrieves by key has a head near 1; one that picks a needle by position has none.",
+    )
+    p.add_argument("--model", default="testbed", help="testbed (default) or a folder written by `testbed train`")
+    p.add_argument("--length", type=_lengths, default=[1024], help="prompt length in tokens (default 1K)")
+    p.add_argument("--samples", type=int, default=16, help="prompts (default 16)")
+    p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    p.set_defaults(handler=_probe)
+
 
 def _weights(value: str) -> dict[str, float]:
     import argparse
@@ -206,4 +219,24 @@ def _heads(args) -> int:
     write_gates(gates, args.output)
     print(gates.round(2))
     print(f"head gates written to {args.output}")
+    return 0
+
+
+def _probe(args) -> int:
+    import numpy as np
+
+    from elastic_bench.models import load_model
+
+    from .heads import best_head, key_matching
+    from .vocab import build
+
+    if len(args.length) != 1 or args.samples < 1:
+        raise ValueError("--length takes one length and --samples must be at least 1")
+    model, _ = load_model(args.model, device=args.device)
+    selectivity = key_matching(model.float(), build(), args.length[0], args.samples)
+    with np.printoptions(precision=2, suppress=True, linewidth=160):
+        print(f"key-matching selectivity, layers x query heads ({args.samples} prompts, {args.length[0]} tokens):")
+        print(selectivity)
+    best = best_head(selectivity)
+    print(f"best head: layer {best['layer']}, query head {best['head']}, selectivity {best['selectivity']:.3f}")
     return 0

@@ -14,6 +14,8 @@ Design decisions (after a feasibility run on one H200; see docs/benchmarks.md, "
 - Some steps (`TrainConfig.streaming_fraction`, once sequences exceed the window) train the robust tasks under the
   sink-16 + window-256 streaming mask, so that their answers do not depend on the middle of the context, which is
   what the robust family stands for.
+- The log follows key matching, the skill that decides the needle tasks and forms late and rarely (TRAINING.md): at
+  every checkpoint, the selectivity of the best key-matching head (`heads.key_matching`, 8 prompts).
 - Deterministic from the seed: the weights' initialisation, the batch of step ``s`` (a function of ``(seed, s)``
   alone, whatever the number of data workers) and, through `deterministic_algorithms`, the kernels. AdamW with fp32
   master weights under bf16 autocast on the GPU; warm-up then cosine decay to 10%. Checkpoints every
@@ -41,6 +43,7 @@ from elastic_bench.kernels import StreamingGeometry
 
 from .evaluate import answer_logits, exact_match, family_means, window_mask
 from .generators import SPECS, Generator
+from .heads import best_head, key_matching
 from .vocab import Vocab, build
 
 CHECKPOINT = "checkpoint.pt"
@@ -396,6 +399,8 @@ def _train(config: TrainConfig, output: Path, device: str | None, max_minutes: f
                 entry = {"step": done, "length": length, "streaming": batch["streaming"], "loss": round(loss.item(), 4),
                          "answer_token_accuracy": round(accuracy, 4), "tasks": _task_accuracy(batch, correct),
                          "lr": learning_rate(config, step), "seconds": round(elapsed, 1)}
+                if done % config.checkpoint_every == 0 or done == config.steps:
+                    entry["key_matching"] = best_head(key_matching(model, vocab, min(1024, config.max_length), 8))
                 log.write(json.dumps(entry) + "\n")
                 log.flush()
                 bar.set_postfix(len=length, loss=f"{loss.item():.3f}", acc=f"{accuracy:.3f}")
@@ -433,6 +438,7 @@ def finish(model, vocab: Vocab, config: TrainConfig, output: Path, steps_done: i
             results = exact_match(model, vocab, config.eval_lengths, config.eval_samples, streaming=geometry)
             evaluation[label] = {"tasks": results, "families": family_means(results)}
         evaluation["streaming"]["geometry"] = {"sink": config.streaming[0], "local": config.streaming[1]}
+        evaluation["key_matching"] = best_head(key_matching(model, vocab, min(1024, config.max_length)))
     export(model, vocab, output, record)
     return record
 
