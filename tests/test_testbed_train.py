@@ -158,3 +158,25 @@ def test_interrupted_and_resumed_training_equals_one_run_and_exports_a_loadable_
     assert tokenizer.eos_token_id == build().eos_id and model.generation_config.eos_token_id == build().eos_id
     with pytest.raises(ValueError, match="another configuration"):
         train(TrainConfig(**(TOY | {"seed": 1})), tmp_path / "a", device="cpu", progress=False)
+
+
+def test_key_aux_head_reads_each_needles_first_value_token_and_resumes(tmp_path):
+    vocab = build()
+    config = TrainConfig(seed=3, key_aux_weight=1.0)
+    batch = Batches(config, vocab)[0]  # curriculum: multi-key only, four needles per row
+    flat, values, keys = batch["ids"].reshape(-1), batch["needle_values"], batch["needle_keys"]
+    assert len(values) == 4 * batch["ids"].shape[0] and np.isin(keys, vocab.key_ids).all()
+    assert np.array_equal(flat[values - 2], keys) and np.isin(flat[values], vocab.digit_ids).all()
+    assert "needle_values" not in Batches(TrainConfig(seed=3), vocab)[0]
+
+    aux = TrainConfig(**(TOY | {"key_aux_weight": 1.0, "eval_samples": 0}))
+    train(aux, tmp_path / "a", device="cpu", progress=False)
+    train(aux, tmp_path / "b", device="cpu", max_minutes=1e-9, progress=False)
+    train(aux, tmp_path / "b", device="cpu", progress=False)
+    a, b = (torch.load(tmp_path / d / "checkpoint.pt", weights_only=False) for d in "ab")
+    assert all(torch.equal(a["aux"][k], b["aux"][k]) for k in a["aux"]) and a["aux"]["weight"].shape[0] == len(vocab)
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    plain = train(TrainConfig(**(TOY | {"eval_samples": 0})), tmp_path / "c", device="cpu", progress=False)
+    assert plain["complete"] and "aux" not in torch.load(tmp_path / "c" / "checkpoint.pt", weights_only=False)
+    with pytest.raises(ValueError, match="key_aux_weight"):
+        TrainConfig(key_aux_weight=-1.0)

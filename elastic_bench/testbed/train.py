@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from elastic_bench.kernels import StreamingGeometry
 
-from .evaluate import answer_logits, exact_match, family_means, window_mask
+from .evaluate import exact_match, family_means, window_mask
 from .generators import SPECS, Generator
 from .heads import best_head, key_matching
 from .vocab import Vocab, build
@@ -72,6 +72,11 @@ class TrainConfig:
         context_weight: loss weight of the instruction and context tokens (answers weigh 1, questions and prefixes
             `generators.PROMPT_WEIGHT`): a light language-modelling loss on the text itself, whose repeated needle
             template rewards copying by content (what it did and did not change: TRAINING.md).
+        key_aux_weight: weight of an auxiliary loss (0: none) in which a linear head, trained with the model and not
+            exported, predicts each context needle's key from the hidden state of the needle's first value token.
+            It trains directly the heads that write a needle's key into its value, the half of the key-matching
+            circuit that otherwise gets a gradient only once the other half exists (TRAINING.md, "What the shipped
+            model does").
         first_token_weight: loss weight of each answer's first token (the other answer tokens weigh 1). For the
             needle tasks it is the token that names the needle chosen; the later digits can be copied from it.
         streaming_fraction: share of the post-curriculum steps that train the robust tasks under `streaming`.
@@ -98,6 +103,7 @@ class TrainConfig:
     curriculum_task_weights: dict[str, float] | None = field(default_factory=lambda: {"niah_multikey": 1.0})
     curriculum_needles: int = 4
     context_weight: float = 0.0
+    key_aux_weight: float = 0.0
     first_token_weight: float = 1.0
     streaming_fraction: float = 0.1
     streaming: tuple[int, int] = (16, 256)
@@ -123,6 +129,8 @@ class TrainConfig:
         self.mix_weights, self.streaming = tuple(self.mix_weights), tuple(self.streaming)
         if min(self.mix_weights) < 0 or sum(self.mix_weights) <= 0:
             raise ValueError(f"mix weights must be non-negative with a positive sum, got {self.mix_weights}")
+        if self.key_aux_weight < 0:
+            raise ValueError(f"key_aux_weight must be non-negative, got {self.key_aux_weight}")
         if not 0 <= self.context_weight < 1:
             raise ValueError(f"context_weight must be in [0, 1), got {self.context_weight}")
         if self.first_token_weight <= 0 or self.curriculum_needles < 1:
@@ -175,7 +183,9 @@ class Batches(torch.utils.data.Dataset):
     ``positions [T]`` (flat indices into ``ids`` of the tokens whose next token is scored), ``targets [T]``,
     ``weights [T]`` (loss weights), ``answer [T]`` (bool: an answer token or ``</s>``), ``first [T]`` (bool: an
     answer's first token, which for the needle tasks names the needle chosen), ``task [T]`` (index into
-    `generators.SPECS` of the sequence's task), and ``streaming`` (bool: train under the streaming mask).
+    `generators.SPECS` of the sequence's task), ``streaming`` (bool: train under the streaming mask), and with
+    ``key_aux_weight``, ``needle_values [N]`` (flat indices of the context needles' first value tokens) and
+    ``needle_keys [N]`` (their keys' token ids).
     """
 
     def __init__(self, config: TrainConfig, vocab: Vocab):
@@ -218,7 +228,9 @@ class Batches(torch.utils.data.Dataset):
         rows, cols = np.divmod(scored, length - 1)
         answer = weights[rows, cols + 1] == 1.0
         first = answer & (weights[rows, cols] != 1.0)
+        extra = self._needle_values(ids) if cfg.key_aux_weight else {}
         return {
+            **extra,
             "ids": ids,
             "positions": rows * length + cols,
             "targets": ids[rows, cols + 1],
@@ -228,6 +240,16 @@ class Batches(torch.utils.data.Dataset):
             "task": np.array([list(SPECS).index(t) for t in row_tasks], dtype=np.int64)[rows],
             "streaming": streaming,
         }
+
+
+    def _needle_values(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """Where each needle of ``ids [B, L]`` starts its value (``{key} is {digit}``: questions never have a digit
+        there) and which key it belongs to."""
+        vocab = self.vocab
+        found = (np.isin(ids[:, :-2], vocab.key_ids) & (ids[:, 1:-1] == self.generator.is_)
+                 & np.isin(ids[:, 2:], vocab.digit_ids))
+        rows, cols = np.nonzero(found)
+        return {"needle_values": rows * ids.shape[1] + cols + 2, "needle_keys": ids[rows, cols]}
 
 
 def _mixture(weights: dict[str, float]) -> tuple[list[str], np.ndarray]:
@@ -261,9 +283,10 @@ def learning_rate(config: TrainConfig, step: int) -> float:
     return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def _optimizer(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+def _optimizer(modules: list[torch.nn.Module], config: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    params = [p for module in modules for p in module.parameters()]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95), fused=device.type == "cuda")
 
@@ -343,8 +366,12 @@ def _train(config: TrainConfig, output: Path, device: str | None, max_minutes: f
         if not weights.exists():
             raise FileNotFoundError(f"--init-from {config.init_from}: no model.safetensors there")
         model.load_state_dict({k: v.float() for k, v in load_file(weights).items()})
-    model.to(device)
-    optimizer = _optimizer(model, config, device)
+    # The auxiliary key head (key_aux_weight) trains with the model and is not exported.
+    aux = torch.nn.Linear(model.config.hidden_size, len(vocab)) if config.key_aux_weight else None
+    modules = [model] + ([aux] if aux is not None else [])
+    for module in modules:
+        module.to(device)
+    optimizer = _optimizer(modules, config, device)
     start, trained_seconds = 0, 0.0
     checkpoint = output / CHECKPOINT
     if checkpoint.exists():
@@ -352,12 +379,15 @@ def _train(config: TrainConfig, output: Path, device: str | None, max_minutes: f
         if state["config"] != dataclasses.asdict(config):
             raise ValueError(f"{checkpoint} was written with another configuration; use a new --output folder")
         model.load_state_dict(state["model"])
+        if aux is not None:
+            aux.load_state_dict(state["aux"])
         optimizer.load_state_dict(state["optimizer"])
         start, trained_seconds = state["step"], state["trained_seconds"]
 
     def save(step: int, seconds: float) -> None:
         _atomic_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                      "trained_seconds": seconds, "config": dataclasses.asdict(config)}, checkpoint)
+                      "trained_seconds": seconds, "config": dataclasses.asdict(config),
+                      **({"aux": aux.state_dict()} if aux is not None else {})}, checkpoint)
 
     workers = min(8, os.cpu_count() or 1) if device.type == "cuda" else 0
     loader = torch.utils.data.DataLoader(
@@ -383,9 +413,15 @@ def _train(config: TrainConfig, output: Path, device: str | None, max_minutes: f
             positions, targets, weights = (torch.from_numpy(batch[k]).to(device) for k in ("positions", "targets",
                                                                                            "weights"))
             with autocast:
-                logits = answer_logits(model, ids, positions, mask)
+                hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state.flatten(0, 1)
+                logits = model.lm_head(hidden[positions]).float()
             losses = F.cross_entropy(logits, targets, reduction="none")
             loss = (losses * weights).sum() / weights.sum()
+            if aux is not None and len(batch["needle_values"]):
+                values, keys = (torch.from_numpy(batch[k]).to(device) for k in ("needle_values", "needle_keys"))
+                with autocast:
+                    key_logits = aux(hidden[values]).float()
+                loss = loss + config.key_aux_weight * F.cross_entropy(key_logits, keys)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
