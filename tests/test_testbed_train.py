@@ -168,8 +168,13 @@ def test_key_aux_head_reads_each_needles_first_value_token_and_resumes(tmp_path)
     assert len(values) == 4 * batch["ids"].shape[0] and np.isin(keys, vocab.key_ids).all()
     assert np.array_equal(flat[values - 2], keys) and np.isin(flat[values], vocab.digit_ids).all()
     assert "needle_values" not in Batches(TrainConfig(seed=3), vocab)[0]
+    asked, asked_values = batch["asked"], batch["asked_values"]  # question and prefix, for the answer and 3 followups
+    assert len(asked) == 2 * len(values) and np.isin(flat[asked], vocab.key_ids).all()
+    width = batch["ids"].shape[1]
+    needle_of = {(int(v) // width, int(k)): int(flat[v]) for v, k in zip(values, keys)}  # (row, key) -> first digit
+    assert [needle_of[int(a) // width, int(flat[a])] for a in asked] == asked_values.tolist()
 
-    aux = TrainConfig(**(TOY | {"key_aux_weight": 1.0, "eval_samples": 0}))
+    aux = TrainConfig(**(TOY | {"key_aux_weight": 1.0, "value_aux_weight": 0.5, "eval_samples": 0}))
     train(aux, tmp_path / "a", device="cpu", progress=False)
     train(aux, tmp_path / "b", device="cpu", max_minutes=1e-9, progress=False)
     train(aux, tmp_path / "b", device="cpu", progress=False)
@@ -178,5 +183,5 @@ def test_key_aux_head_reads_each_needles_first_value_token_and_resumes(tmp_path)
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     plain = train(TrainConfig(**(TOY | {"eval_samples": 0})), tmp_path / "c", device="cpu", progress=False)
     assert plain["complete"] and "aux" not in torch.load(tmp_path / "c" / "checkpoint.pt", weights_only=False)
-    with pytest.raises(ValueError, match="key_aux_weight"):
-        TrainConfig(key_aux_weight=-1.0)
+    with pytest.raises(ValueError, match="key_aux_weight and value_aux_weight"):
+        TrainConfig(value_aux_weight=-1.0)

@@ -53,6 +53,9 @@ def add_cli(sub) -> None:
     p.add_argument("--key-aux-weight", type=float, default=0.0,
                    help="weight of an auxiliary loss that predicts each needle's key from its first value token "
                    "(a training-only head; trains the key-writing half of key matching; default 0: none)")
+    p.add_argument("--value-aux-weight", type=float, default=0.0,
+                   help="weight of an auxiliary loss that predicts, at each question's key token, the first value "
+                   "digit of the needle with that key (the matching half of key matching; default 0: none)")
     p.add_argument("--first-token-weight", type=float, default=1.0,
                    help="loss weight of each answer's first token, the one that names the needle (default 1)")
     p.add_argument("--lr", type=float, default=1.5e-3, help="peak learning rate (default 1.5e-3)")
@@ -151,7 +154,8 @@ def _train(args) -> int:
                    max_length=args.max_length, stage_fraction=args.stage_fraction, lr=args.lr,
                    eval_samples=args.eval_samples, init_from=args.init_from, rope_theta=args.rope_theta,
                    curriculum_needles=args.curriculum_needles, context_weight=args.context_weight,
-                   key_aux_weight=args.key_aux_weight, first_token_weight=args.first_token_weight)
+                   key_aux_weight=args.key_aux_weight,
+                   value_aux_weight=args.value_aux_weight, first_token_weight=args.first_token_weight)
     for name in ("mix_weights", "task_weights", "curriculum_task_weights"):
         if getattr(args, name):
             options[name] = getattr(args, name)

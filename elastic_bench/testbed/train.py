@@ -77,6 +77,9 @@ class TrainConfig:
             It trains directly the heads that write a needle's key into its value, the half of the key-matching
             circuit that otherwise gets a gradient only once the other half exists (TRAINING.md, "What the shipped
             model does").
+        value_aux_weight: weight of a second auxiliary loss (0: none) in which the same head predicts, at each
+            question's key token, the first value digit of the needle with that key: the matching half of the
+            circuit, supervised where the shipped model computes it.
         first_token_weight: loss weight of each answer's first token (the other answer tokens weigh 1). For the
             needle tasks it is the token that names the needle chosen; the later digits can be copied from it.
         streaming_fraction: share of the post-curriculum steps that train the robust tasks under `streaming`.
@@ -104,6 +107,7 @@ class TrainConfig:
     curriculum_needles: int = 4
     context_weight: float = 0.0
     key_aux_weight: float = 0.0
+    value_aux_weight: float = 0.0
     first_token_weight: float = 1.0
     streaming_fraction: float = 0.1
     streaming: tuple[int, int] = (16, 256)
@@ -129,8 +133,9 @@ class TrainConfig:
         self.mix_weights, self.streaming = tuple(self.mix_weights), tuple(self.streaming)
         if min(self.mix_weights) < 0 or sum(self.mix_weights) <= 0:
             raise ValueError(f"mix weights must be non-negative with a positive sum, got {self.mix_weights}")
-        if self.key_aux_weight < 0:
-            raise ValueError(f"key_aux_weight must be non-negative, got {self.key_aux_weight}")
+        if self.key_aux_weight < 0 or self.value_aux_weight < 0:
+            raise ValueError(f"key_aux_weight and value_aux_weight must be non-negative, got {self.key_aux_weight}, "
+                             f"{self.value_aux_weight}")
         if not 0 <= self.context_weight < 1:
             raise ValueError(f"context_weight must be in [0, 1), got {self.context_weight}")
         if self.first_token_weight <= 0 or self.curriculum_needles < 1:
@@ -184,8 +189,9 @@ class Batches(torch.utils.data.Dataset):
     ``weights [T]`` (loss weights), ``answer [T]`` (bool: an answer token or ``</s>``), ``first [T]`` (bool: an
     answer's first token, which for the needle tasks names the needle chosen), ``task [T]`` (index into
     `generators.SPECS` of the sequence's task), ``streaming`` (bool: train under the streaming mask), and with
-    ``key_aux_weight``, ``needle_values [N]`` (flat indices of the context needles' first value tokens) and
-    ``needle_keys [N]`` (their keys' token ids).
+    an auxiliary loss, ``needle_values [N]`` (flat indices of the context needles' first value tokens),
+    ``needle_keys [N]`` (their keys' token ids), ``asked [Q]`` (flat indices of the key tokens of questions and
+    answer prefixes) and ``asked_values [Q]`` (the first value token of the needle with that key).
     """
 
     def __init__(self, config: TrainConfig, vocab: Vocab):
@@ -228,7 +234,7 @@ class Batches(torch.utils.data.Dataset):
         rows, cols = np.divmod(scored, length - 1)
         answer = weights[rows, cols + 1] == 1.0
         first = answer & (weights[rows, cols] != 1.0)
-        extra = self._needle_values(ids) if cfg.key_aux_weight else {}
+        extra = self._aux_targets(ids) if cfg.key_aux_weight or cfg.value_aux_weight else {}
         return {
             **extra,
             "ids": ids,
@@ -242,14 +248,20 @@ class Batches(torch.utils.data.Dataset):
         }
 
 
-    def _needle_values(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+    def _aux_targets(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         """Where each needle of ``ids [B, L]`` starts its value (``{key} is {digit}``: questions never have a digit
-        there) and which key it belongs to."""
-        vocab = self.vocab
-        found = (np.isin(ids[:, :-2], vocab.key_ids) & (ids[:, 1:-1] == self.generator.is_)
-                 & np.isin(ids[:, 2:], vocab.digit_ids))
-        rows, cols = np.nonzero(found)
-        return {"needle_values": rows * ids.shape[1] + cols + 2, "needle_keys": ids[rows, cols]}
+        there) and which key it belongs to; where questions name a key, and that needle's first value token."""
+        vocab, length = self.vocab, ids.shape[1]
+        keys = np.isin(ids, vocab.key_ids)
+        needle = np.zeros_like(keys)
+        needle[:, :-2] = keys[:, :-2] & (ids[:, 1:-1] == self.generator.is_) & np.isin(ids[:, 2:], vocab.digit_ids)
+        rows, cols = np.nonzero(needle)
+        first_value = {(r, ids[r, c]): ids[r, c + 2] for r, c in zip(rows, cols)}
+        asked_rows, asked_cols = np.nonzero(keys & ~needle)
+        return {"needle_values": rows * length + cols + 2, "needle_keys": ids[rows, cols],
+                "asked": asked_rows * length + asked_cols,
+                "asked_values": np.array([first_value[r, ids[r, c]] for r, c in zip(asked_rows, asked_cols)],
+                                         dtype=np.int64)}
 
 
 def _mixture(weights: dict[str, float]) -> tuple[list[str], np.ndarray]:
@@ -366,8 +378,9 @@ def _train(config: TrainConfig, output: Path, device: str | None, max_minutes: f
         if not weights.exists():
             raise FileNotFoundError(f"--init-from {config.init_from}: no model.safetensors there")
         model.load_state_dict({k: v.float() for k, v in load_file(weights).items()})
-    # The auxiliary key head (key_aux_weight) trains with the model and is not exported.
-    aux = torch.nn.Linear(model.config.hidden_size, len(vocab)) if config.key_aux_weight else None
+    # The auxiliary head (key_aux_weight, value_aux_weight) trains with the model and is not exported.
+    auxiliary = config.key_aux_weight or config.value_aux_weight
+    aux = torch.nn.Linear(model.config.hidden_size, len(vocab)) if auxiliary else None
     modules = [model] + ([aux] if aux is not None else [])
     for module in modules:
         module.to(device)
@@ -417,11 +430,13 @@ def _train(config: TrainConfig, output: Path, device: str | None, max_minutes: f
                 logits = model.lm_head(hidden[positions]).float()
             losses = F.cross_entropy(logits, targets, reduction="none")
             loss = (losses * weights).sum() / weights.sum()
-            if aux is not None and len(batch["needle_values"]):
-                values, keys = (torch.from_numpy(batch[k]).to(device) for k in ("needle_values", "needle_keys"))
-                with autocast:
-                    key_logits = aux(hidden[values]).float()
-                loss = loss + config.key_aux_weight * F.cross_entropy(key_logits, keys)
+            for weight, where, what in ((config.key_aux_weight, "needle_values", "needle_keys"),
+                                        (config.value_aux_weight, "asked", "asked_values")):
+                if weight and len(batch[where]):
+                    where_t, what_t = (torch.from_numpy(batch[k]).to(device) for k in (where, what))
+                    with autocast:
+                        aux_logits = aux(hidden[where_t]).float()
+                    loss = loss + weight * F.cross_entropy(aux_logits, what_t)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
