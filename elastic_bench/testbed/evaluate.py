@@ -30,11 +30,15 @@ def window_mask(length: int, geometry: StreamingGeometry, device: torch.device |
     return streaming_predicate(geometry)(positions[:, None], positions[None, :])[None, None]
 
 
+def hidden_states(model, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The last hidden states ``[B · L, hidden]`` of ``ids [B, L]``, flattened, without the LM head."""
+    return model.model(input_ids=ids, attention_mask=mask).last_hidden_state.flatten(0, 1)
+
+
 def answer_logits(model, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Logits ``[T, V]`` (fp32) at flat ``positions`` (indices into ``ids [B, L]`` flattened) only: the LM head is
     applied to those hidden states alone."""
-    hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
-    return model.lm_head(hidden.reshape(-1, hidden.shape[-1])[positions]).float()
+    return model.lm_head(hidden_states(model, ids, mask)[positions]).float()
 
 
 @torch.no_grad()

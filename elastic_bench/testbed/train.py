@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from elastic_bench.kernels import StreamingGeometry
 
-from .evaluate import exact_match, family_means, window_mask
+from .evaluate import exact_match, family_means, hidden_states, window_mask
 from .generators import SPECS, Generator
 from .heads import best_head, key_matching
 from .vocab import Vocab, build
@@ -75,7 +75,7 @@ class TrainConfig:
         key_aux_weight: weight of an auxiliary loss (0: none) in which a linear head, trained with the model and not
             exported, predicts each context needle's key from the hidden state of the needle's first value token.
             It trains directly the heads that write a needle's key into its value, the half of the key-matching
-            circuit that otherwise gets a gradient only once the other half exists (TRAINING.md, "What the shipped
+            circuit that otherwise lowers the loss only once the other half exists (TRAINING.md, "What the shipped
             model does").
         value_aux_weight: weight of a second auxiliary loss (0: none) in which the same head predicts, at each
             question's key token, the first value digit of the needle with that key: the matching half of the
@@ -246,7 +246,6 @@ class Batches(torch.utils.data.Dataset):
             "task": np.array([list(SPECS).index(t) for t in row_tasks], dtype=np.int64)[rows],
             "streaming": streaming,
         }
-
 
     def _aux_targets(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         """Where each needle of ``ids [B, L]`` starts its value (``{key} is {digit}``: questions never have a digit
@@ -426,7 +425,7 @@ def _train(config: TrainConfig, output: Path, device: str | None, max_minutes: f
             positions, targets, weights = (torch.from_numpy(batch[k]).to(device) for k in ("positions", "targets",
                                                                                            "weights"))
             with autocast:
-                hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state.flatten(0, 1)
+                hidden = hidden_states(model, ids, mask)
                 logits = model.lm_head(hidden[positions]).float()
             losses = F.cross_entropy(logits, targets, reduction="none")
             loss = (losses * weights).sum() / weights.sum()
