@@ -55,7 +55,8 @@ def add_cli(sub) -> None:
                    "(a training-only head; trains the key-writing half of key matching; default 0: none)")
     p.add_argument("--value-aux-weight", type=float, default=0.0,
                    help="weight of an auxiliary loss that predicts, at each question's key token, the first value "
-                   "digit of the needle with that key (the matching half of key matching; default 0: none)")
+                   "digit of the needle with that key (the matching half of key matching; at 1 on the GPU it "
+                   "stopped the model learning to copy answers, TRAINING.md; default 0: none)")
     p.add_argument("--first-token-weight", type=float, default=1.0,
                    help="loss weight of each answer's first token, the one that names the needle (default 1)")
     p.add_argument("--lr", type=float, default=1.5e-3, help="peak learning rate (default 1.5e-3)")

@@ -79,7 +79,8 @@ class TrainConfig:
             model does").
         value_aux_weight: weight of a second auxiliary loss (0: none) in which the same head predicts, at each
             question's key token, the first value digit of the needle with that key: the matching half of the
-            circuit, supervised where the shipped model computes it.
+            circuit, supervised where the shipped model computes it. At 1 from the first step it kept the model from
+            learning to copy answers in two GPU runs (TRAINING.md, "Three more GPU calls").
         first_token_weight: loss weight of each answer's first token (the other answer tokens weigh 1). For the
             needle tasks it is the token that names the needle chosen; the later digits can be copied from it.
         streaming_fraction: share of the post-curriculum steps that train the robust tasks under `streaming`.
