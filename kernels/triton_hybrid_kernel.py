@@ -175,15 +175,18 @@ def hybrid_fwd(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     ids_ptr = Indices + row_start
-    acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, K_desc, V_desc, b, h,
-                            0, sink_full, edge_hi, inner_hi, ids_ptr, sub_blocks, block_size, pos, win_start,
-                            sink_end, Lk, qk_scale, D, D_PAD, BLOCK_N, False, False, PRECISION, USE_TMA)
-    acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, K_desc, V_desc, b, h,
-                            sink_full, sink_hi, edge_lo, edge_hi, ids_ptr, sub_blocks, block_size, pos, win_start,
-                            sink_end, Lk, qk_scale, D, D_PAD, BLOCK_N, False, True, PRECISION, USE_TMA)
-    acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, K_desc, V_desc, b, h,
-                            0, n_below * sub_blocks, 0, 0, ids_ptr, sub_blocks, block_size, pos, win_start,
-                            sink_end, Lk, qk_scale, D, D_PAD, BLOCK_N, True, False, PRECISION, USE_TMA, GATHER_STAGES)
+    if sparse:  # block-list loop only (a block-sparse tile has no sink or window range)
+        acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, K_desc, V_desc, b, h,
+                                0, n_below * sub_blocks, 0, 0, ids_ptr, sub_blocks, block_size, pos, win_start,
+                                sink_end, Lk, qk_scale, D, D_PAD, BLOCK_N, True, False, PRECISION, USE_TMA,
+                                GATHER_STAGES)
+    else:
+        acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, K_desc, V_desc, b, h,
+                                0, sink_full, edge_hi, inner_hi, ids_ptr, sub_blocks, block_size, pos, win_start,
+                                sink_end, Lk, qk_scale, D, D_PAD, BLOCK_N, False, False, PRECISION, USE_TMA)
+        acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, K_desc, V_desc, b, h,
+                                sink_full, sink_hi, edge_lo, edge_hi, ids_ptr, sub_blocks, block_size, pos,
+                                win_start, sink_end, Lk, qk_scale, D, D_PAD, BLOCK_N, False, True, PRECISION, USE_TMA)
     acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, K_desc, V_desc, b, h,
                             diag_lo, diag_hi, 0, 0, ids_ptr, sub_blocks, block_size, pos, win_start,
                             sink_end, Lk, qk_scale, D, D_PAD, BLOCK_N, False, True, PRECISION, USE_TMA)
