@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from elastic_bench.testbed.generators import SPECS
-from elastic_bench.testbed.train import Batches, TrainConfig, learning_rate, train
+from elastic_bench.testbed.train import Batches, TrainConfig, attention_aux_loss, learning_rate, model_config, train
 from elastic_bench.testbed.vocab import build
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -173,6 +173,8 @@ def test_key_aux_head_reads_each_needles_first_value_token_and_resumes(tmp_path)
     width = batch["ids"].shape[1]
     needle_of = {(int(v) // width, int(k)): int(flat[v]) for v, k in zip(values, keys)}  # (row, key) -> first digit
     assert [needle_of[int(a) // width, int(flat[a])] for a in asked] == asked_values.tolist()
+    assert np.array_equal(flat[batch["asked_needles"]], asked_values) and np.isin(batch["asked_needles"], values).all()
+    assert np.array_equal(batch["asked_needles"] // width, asked // width)
 
     aux = TrainConfig(**(TOY | {"key_aux_weight": 1.0, "value_aux_weight": 0.5, "eval_samples": 0}))
     train(aux, tmp_path / "a", device="cpu", progress=False)
@@ -183,5 +185,65 @@ def test_key_aux_head_reads_each_needles_first_value_token_and_resumes(tmp_path)
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     plain = train(TrainConfig(**(TOY | {"eval_samples": 0})), tmp_path / "c", device="cpu", progress=False)
     assert plain["complete"] and "aux" not in torch.load(tmp_path / "c" / "checkpoint.pt", weights_only=False)
-    with pytest.raises(ValueError, match="key_aux_weight and value_aux_weight"):
+    with pytest.raises(ValueError, match="attention_aux_weight must be non-negative"):
         TrainConfig(value_aux_weight=-1.0)
+
+
+def test_attention_aux_loss_is_the_heads_attention_cross_entropy():
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = model_config(build())
+    config._attn_implementation = "eager"
+    model = LlamaForCausalLM(config).eval()
+    for parameter in model.parameters():
+        parameter.data.normal_(0, 0.2)  # far from uniform attention
+    inputs = {}
+    attention = model.model.layers[3].self_attn
+    attention.register_forward_pre_hook(
+        lambda m, a, kw: inputs.update(x=(kw["hidden_states"], kw["position_embeddings"])), with_kwargs=True)
+    with torch.no_grad():
+        probs = model(torch.randint(0, 4000, (3, 40)), output_attentions=True).attentions[3]  # [B, H, L, L]
+    queries, targets = torch.tensor([5, 39, 57, 82]), torch.tensor([3, 0, 57, 81])
+    with torch.no_grad():
+        loss = attention_aux_loss(attention, *inputs["x"], 5, queries, targets)
+    expected = -probs[queries // 40, 5, queries % 40, targets % 40].log().mean()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5) and loss.item() > 0.5
+
+
+def test_copy_sources_point_at_the_context_tokens_each_answer_copies():
+    vocab = build()
+    batch = Batches(TrainConfig(seed=2, attention_aux_weight=1.0), vocab)[5000]  # every task, 1K-4K
+    flat, copies, sources = batch["ids"].reshape(-1), batch["copies"], batch["copy_sources"]
+    assert np.array_equal(flat[copies + 1], flat[sources]) and (sources < copies).all()
+    answers = batch["answer"].sum() - batch["first"].sum()  # every answer token but </s> copies a context token
+    assert len(copies) == answers and np.array_equal(sources // batch["ids"].shape[1], copies // batch["ids"].shape[1])
+    first_copies = np.isin(copies, batch["positions"][batch["first"]])
+    words = np.concatenate([vocab.digit_ids, vocab.noun_ids, vocab.adjective_ids, vocab.verb_ids])
+    assert np.isin(flat[sources[first_copies]], words).all()  # a needle's first digit or the repeated sentence's word
+
+
+def test_attention_aux_training_logs_every_heads_loss(tmp_path):
+    only_multikey = {"niah_multikey": 1.0}
+    config = TrainConfig(**(TOY | {"attention_aux_weight": 1.0, "eval_samples": 0, "task_weights": only_multikey}))
+    assert train(config, tmp_path / "a", device="cpu", progress=False)["complete"]
+    log = [json.loads(line) for line in (tmp_path / "a" / "train_log.jsonl").read_text().splitlines()]
+    last = log[-1]
+    assert last["attention_aux_writer"] >= 0 and last["attention_aux_matcher"] > 0 and last["attention_aux_reader"] > 0
+    assert "aux" not in torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)
+
+
+def test_end_slack_ends_rows_early_and_pads_them_without_loss():
+    vocab = build()
+    plain = Batches(TrainConfig(seed=5), vocab)[5000]  # after the curriculum: 1K, 2K or 4K
+    assert (plain["ids"][:, -1] == vocab.eos_id).all()  # default: every row closes its answer at the last position
+    assert (Batches(TrainConfig(seed=5, end_slack=16), vocab)[0]["ids"][:, -1] == vocab.eos_id).all()  # curriculum
+    batch = Batches(TrainConfig(seed=5, end_slack=16), vocab)[5000]
+    ids, width = batch["ids"], batch["ids"].shape[1]
+    ends = np.array([np.flatnonzero(row == vocab.eos_id).max() for row in ids])
+    assert len(set(ends.tolist())) > 3 and ends.min() >= width - 17
+    assert all((row[end + 1 :] == vocab.pad_id).all() for row, end in zip(ids, ends))
+    scored_rows, scored_cols = np.divmod(batch["positions"], width)
+    assert (scored_cols < ends[scored_rows]).all()  # nothing after </s> is scored
+    with pytest.raises(ValueError, match="end_slack"):
+        TrainConfig(end_slack=100)

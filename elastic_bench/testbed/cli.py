@@ -57,6 +57,14 @@ def add_cli(sub) -> None:
                    help="weight of an auxiliary loss that predicts, at each question's key token, the first value "
                    "digit of the needle with that key (the matching half of key matching; at 1 on the GPU it "
                    "stopped the model learning to copy answers, TRAINING.md; default 0: none)")
+    p.add_argument("--attention-aux-weight", type=float, default=0.0,
+                   help="weight of an auxiliary loss on the attention of three query heads: layer 1 head 1 attends "
+                   "from each needle's first value token to its key, layer 3 head 1 from each question's key token to "
+                   "that needle's first value token, layer 5 head 1 from each answer position to the context token it "
+                   "copies (default 0: none)")
+    p.add_argument("--end-slack", type=int, default=0,
+                   help="end each training sequence up to this many tokens early, padded after its </s>, so that "
+                   "answers are not closed by absolute position (default 0)")
     p.add_argument("--first-token-weight", type=float, default=1.0,
                    help="loss weight of each answer's first token, the one that names the needle (default 1)")
     p.add_argument("--lr", type=float, default=1.5e-3, help="peak learning rate (default 1.5e-3)")
@@ -156,7 +164,9 @@ def _train(args) -> int:
                    eval_samples=args.eval_samples, init_from=args.init_from, rope_theta=args.rope_theta,
                    curriculum_needles=args.curriculum_needles, context_weight=args.context_weight,
                    key_aux_weight=args.key_aux_weight,
-                   value_aux_weight=args.value_aux_weight, first_token_weight=args.first_token_weight)
+                   value_aux_weight=args.value_aux_weight, attention_aux_weight=args.attention_aux_weight,
+                   end_slack=args.end_slack,
+                   first_token_weight=args.first_token_weight)
     for name in ("mix_weights", "task_weights", "curriculum_task_weights"):
         if getattr(args, name):
             options[name] = getattr(args, name)

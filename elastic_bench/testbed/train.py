@@ -49,6 +49,10 @@ from .vocab import Vocab, build
 CHECKPOINT = "checkpoint.pt"
 RECORD = "TRAINING.json"
 LOG = "train_log.jsonl"
+# (layer, query head) of the heads `TrainConfig.attention_aux_weight` supervises (writer and matcher where the shipped
+# model has them, TRAINING.md) and the batch keys of their query positions and target positions (None: two tokens back).
+ATTENTION_AUX_HEADS = {"writer": ((1, 1), ("needle_values", None)), "matcher": ((3, 1), ("asked", "asked_needles")),
+                       "reader": ((5, 1), ("copies", "copy_sources"))}
 
 
 @dataclass
@@ -81,6 +85,19 @@ class TrainConfig:
             question's key token, the first value digit of the needle with that key: the matching half of the
             circuit, supervised where the shipped model computes it. At 1 from the first step it kept the model from
             learning to copy answers in two GPU runs (TRAINING.md, "Three more GPU calls").
+        attention_aux_weight: weight of an auxiliary loss (0: none) on the attention of three designated query heads
+            (`ATTENTION_AUX_HEADS`): the two halves of the shipped model's key matching (the *writer* attends from
+            each needle's first value token to the needle's key, two tokens back; the *matcher* from each question's
+            key token to the first value token of the needle with that key) and a *reader* that attends from each
+            position predicting an answer token to the context token it copies (the needle's value, the repeated
+            sentence). Cross-entropy of each head's causal attention at those positions against the target
+            position; no parameter is added, and streaming steps are not supervised. Key matching formed within
+            1,000 steps with it at 1 (TRAINING.md, "Attention supervision").
+        end_slack: after the curriculum, each training sequence ends a uniform 0 … ``end_slack`` tokens before the
+            step's length and is padded after its ``</s>`` (no loss; causal attention never reads it). With 0, every
+            sequence ends at the step's last position, and a model can learn to close an answer there by absolute
+            position: one did for ``repeat``, whose evaluation prompts end earlier (TRAINING.md, "Attention
+            supervision").
         first_token_weight: loss weight of each answer's first token (the other answer tokens weigh 1). For the
             needle tasks it is the token that names the needle chosen; the later digits can be copied from it.
         streaming_fraction: share of the post-curriculum steps that train the robust tasks under `streaming`.
@@ -109,6 +126,8 @@ class TrainConfig:
     context_weight: float = 0.0
     key_aux_weight: float = 0.0
     value_aux_weight: float = 0.0
+    attention_aux_weight: float = 0.0
+    end_slack: int = 0
     first_token_weight: float = 1.0
     streaming_fraction: float = 0.1
     streaming: tuple[int, int] = (16, 256)
@@ -134,9 +153,11 @@ class TrainConfig:
         self.mix_weights, self.streaming = tuple(self.mix_weights), tuple(self.streaming)
         if min(self.mix_weights) < 0 or sum(self.mix_weights) <= 0:
             raise ValueError(f"mix weights must be non-negative with a positive sum, got {self.mix_weights}")
-        if self.key_aux_weight < 0 or self.value_aux_weight < 0:
-            raise ValueError(f"key_aux_weight and value_aux_weight must be non-negative, got {self.key_aux_weight}, "
-                             f"{self.value_aux_weight}")
+        if min(self.key_aux_weight, self.value_aux_weight, self.attention_aux_weight) < 0:
+            raise ValueError(f"key_aux_weight, value_aux_weight and attention_aux_weight must be non-negative, got "
+                             f"{self.key_aux_weight}, {self.value_aux_weight}, {self.attention_aux_weight}")
+        if not 0 <= self.end_slack <= self.min_length // 4:
+            raise ValueError(f"end_slack must be in [0, min_length // 4], got {self.end_slack}")
         if not 0 <= self.context_weight < 1:
             raise ValueError(f"context_weight must be in [0, 1), got {self.context_weight}")
         if self.first_token_weight <= 0 or self.curriculum_needles < 1:
@@ -192,7 +213,8 @@ class Batches(torch.utils.data.Dataset):
     `generators.SPECS` of the sequence's task), ``streaming`` (bool: train under the streaming mask), and with
     an auxiliary loss, ``needle_values [N]`` (flat indices of the context needles' first value tokens),
     ``needle_keys [N]`` (their keys' token ids), ``asked [Q]`` (flat indices of the key tokens of questions and
-    answer prefixes) and ``asked_values [Q]`` (the first value token of the needle with that key).
+    answer prefixes), ``asked_values [Q]`` (the first value token of the needle with that key) and ``asked_needles
+    [Q]`` (that token's flat index).
     """
 
     def __init__(self, config: TrainConfig, vocab: Vocab):
@@ -229,13 +251,19 @@ class Batches(torch.utils.data.Dataset):
         for row, task in enumerate(row_tasks):
             spec = SPECS[task]
             count = max(spec.num_needles, needles) if needles and spec.followups else None
-            example = self.generator.example(spec, rng, length, training=True, num_needles=count)
-            ids[row], weights[row] = example.training_sequence(self.vocab, cfg.context_weight)
+            slack = int(rng.integers(0, cfg.end_slack + 1)) if cfg.end_slack and after_curriculum else 0
+            example = self.generator.example(spec, rng, length - slack, training=True, num_needles=count)
+            end = length - slack
+            ids[row, :end], weights[row, :end] = example.training_sequence(self.vocab, cfg.context_weight)
+            ids[row, end:], weights[row, end:] = self.vocab.pad_id, 0.0  # after </s>: never attended, no loss
         scored = np.flatnonzero(weights[:, 1:] > 0)  # flat over [B, L-1]: predicting token t+1 from position t
         rows, cols = np.divmod(scored, length - 1)
         answer = weights[rows, cols + 1] == 1.0
         first = answer & (weights[rows, cols] != 1.0)
-        extra = self._aux_targets(ids) if cfg.key_aux_weight or cfg.value_aux_weight else {}
+        auxiliary = cfg.key_aux_weight or cfg.value_aux_weight or cfg.attention_aux_weight
+        extra = self._aux_targets(ids) if auxiliary else {}
+        if cfg.attention_aux_weight:
+            extra |= _copy_sources(ids, rows * length + cols, answer, first)
         return {
             **extra,
             "ids": ids,
@@ -250,18 +278,43 @@ class Batches(torch.utils.data.Dataset):
 
     def _aux_targets(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         """Where each needle of ``ids [B, L]`` starts its value (``{key} is {digit}``: questions never have a digit
-        there) and which key it belongs to; where questions name a key, and that needle's first value token."""
+        there) and which key it belongs to; where questions name a key, and that needle's first value token and its
+        position."""
         vocab, length = self.vocab, ids.shape[1]
         keys = np.isin(ids, vocab.key_ids)
         needle = np.zeros_like(keys)
         needle[:, :-2] = keys[:, :-2] & (ids[:, 1:-1] == self.generator.is_) & np.isin(ids[:, 2:], vocab.digit_ids)
         rows, cols = np.nonzero(needle)
-        first_value = {(r, ids[r, c]): ids[r, c + 2] for r, c in zip(rows, cols)}
+        first_value = {(r, ids[r, c]): r * length + c + 2 for r, c in zip(rows, cols)}
         asked_rows, asked_cols = np.nonzero(keys & ~needle)
+        asked_needles = np.array([first_value[r, ids[r, c]] for r, c in zip(asked_rows, asked_cols)], dtype=np.int64)
         return {"needle_values": rows * length + cols + 2, "needle_keys": ids[rows, cols],
-                "asked": asked_rows * length + asked_cols,
-                "asked_values": np.array([first_value[r, ids[r, c]] for r, c in zip(asked_rows, asked_cols)],
-                                         dtype=np.int64)}
+                "asked": asked_rows * length + asked_cols, "asked_values": ids.reshape(-1)[asked_needles],
+                "asked_needles": asked_needles}
+
+
+def _copy_sources(ids: np.ndarray, positions: np.ndarray, answer: np.ndarray, first: np.ndarray) -> dict:
+    """Where each answer copies its tokens from: ``copies [C]`` (flat indices into ``ids [B, L]`` of the positions
+    that predict an answer token, the answer's ``</s>`` excepted) and ``copy_sources [C]`` (the flat index of the
+    context token each of them predicts: the answer's first occurrence in its row, a needle's value and full stop
+    or the repeated sentence). ``positions``, ``answer`` and ``first`` are the batch's arrays of those names."""
+    length = ids.shape[1]
+    copies, sources = [], []
+    starts = np.flatnonzero(first)
+    for index in starts:
+        end = index
+        while end + 1 < len(answer) and answer[end + 1] and positions[end + 1] == positions[end] + 1:
+            end += 1
+        row, col = divmod(int(positions[index]), length)
+        span = ids[row, col + 1 : col + 1 + end - index]  # the answer without its </s>
+        windows = np.lib.stride_tricks.sliding_window_view(ids[row, : col + 1], len(span))
+        found = np.flatnonzero((windows == span).all(axis=1))
+        if len(span) and len(found):
+            copies.append(positions[index] + np.arange(len(span)))
+            sources.append(row * length + found[0] + np.arange(len(span)))
+    empty = np.zeros(0, dtype=np.int64)
+    return {"copies": np.concatenate(copies) if copies else empty,
+            "copy_sources": np.concatenate(sources) if sources else empty}
 
 
 def _mixture(weights: dict[str, float]) -> tuple[list[str], np.ndarray]:
@@ -284,6 +337,30 @@ def _task_accuracy(batch: dict[str, Any], correct: np.ndarray) -> dict[str, dict
 
 def _as_is(batch: dict[str, Any]) -> dict[str, Any]:
     return batch
+
+
+def attention_aux_loss(attention: torch.nn.Module, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
+                       head: int, queries: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of query head ``head``'s causal attention at ``queries [N]`` against ``targets [N]``.
+
+    Args:
+        attention: a Llama attention module; ``hidden [B, L, D]`` and ``rotary`` (``cos, sin``, each ``[1 or B, L,
+            head_dim]``) are its inputs.
+        queries, targets: flat indices into ``[B, L]``; each target lies in its query's row, at or before it.
+    """
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    length, dim = hidden.shape[1], attention.head_dim
+    kv_head = head // attention.num_key_value_groups
+    rows, cols = queries // length, queries % length
+    cos, sin = (r.expand(hidden.shape[0], -1, -1) for r in rotary)
+    q = attention.q_proj(hidden[rows, cols])[:, head * dim : (head + 1) * dim]  # [N, d]
+    q = q * cos[rows, cols] + rotate_half(q) * sin[rows, cols]
+    k = attention.k_proj(hidden)[..., kv_head * dim : (kv_head + 1) * dim]  # [B, L, d]
+    k = k * cos + rotate_half(k) * sin
+    scores = torch.einsum("nd,nld->nl", q.float(), k[rows].float()) * attention.scaling
+    future = torch.arange(length, device=hidden.device) > cols[:, None]
+    return F.cross_entropy(scores.masked_fill(future, float("-inf")), targets % length)
 
 
 def learning_rate(config: TrainConfig, step: int) -> float:
@@ -408,6 +485,12 @@ def _train(config: TrainConfig, output: Path, device: str | None, max_minutes: f
         collate_fn=_as_is, prefetch_factor=4 if workers else None,
     )
     autocast = torch.autocast("cuda", torch.bfloat16, enabled=device.type == "cuda")
+    inputs: dict[int, tuple] = {}  # layer -> (hidden states, rotary) at the attention of a supervised head
+    if config.attention_aux_weight:
+        for (layer, _), _ in ATTENTION_AUX_HEADS.values():
+            model.model.layers[layer].self_attn.register_forward_pre_hook(
+                lambda module, args, kwargs, layer=layer: inputs.__setitem__(
+                    layer, (kwargs["hidden_states"], kwargs["position_embeddings"])), with_kwargs=True)
     masks: dict[int, torch.Tensor] = {}
     model.train()
     began, done = time.monotonic(), start
@@ -437,6 +520,17 @@ def _train(config: TrainConfig, output: Path, device: str | None, max_minutes: f
                     with autocast:
                         aux_logits = aux(hidden[where_t]).float()
                     loss = loss + weight * F.cross_entropy(aux_logits, what_t)
+            attention_losses = {}
+            if config.attention_aux_weight and not batch["streaming"]:
+                for name, ((layer, head), (where, to)) in ATTENTION_AUX_HEADS.items():
+                    if len(batch[where]):
+                        queries = torch.from_numpy(batch[where]).to(device)
+                        attended = torch.from_numpy(batch[to]).to(device) if to else queries - 2
+                        with autocast:
+                            attention_losses[name] = attention_aux_loss(
+                                model.model.layers[layer].self_attn, *inputs[layer], head, queries, attended)
+                loss = loss + config.attention_aux_weight * sum(attention_losses.values())
+            inputs.clear()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
@@ -449,7 +543,8 @@ def _train(config: TrainConfig, output: Path, device: str | None, max_minutes: f
                 elapsed = trained_seconds + time.monotonic() - began
                 entry = {"step": done, "length": length, "streaming": batch["streaming"], "loss": round(loss.item(), 4),
                          "answer_token_accuracy": round(accuracy, 4), "tasks": _task_accuracy(batch, correct),
-                         "lr": learning_rate(config, step), "seconds": round(elapsed, 1)}
+                         "lr": learning_rate(config, step), "seconds": round(elapsed, 1),
+                         **{f"attention_aux_{k}": round(v.item(), 4) for k, v in attention_losses.items()}}
                 if done % config.checkpoint_every == 0 or done == config.steps:
                     entry["key_matching"] = best_head(key_matching(model, vocab, min(1024, config.max_length), 8))
                 log.write(json.dumps(entry) + "\n")
