@@ -166,7 +166,7 @@ def run_kernel_bench(cfg: KernelBenchConfig, progress: bool = True) -> dict[str,
     missing = [b for b in backends if b not in usable]
     if missing:
         raise ValueError(f"backend(s) {', '.join(missing)} not available on {device}; available: {', '.join(usable)}")
-    xa_backends = ["triton", "reference"] if device.type == "cuda" and "triton" in usable else ["reference"]
+    xa_backends = ["triton", "gemm", "reference"] if device.type == "cuda" and "triton" in usable else ["reference"]
     attention_cells = [c for c in cfg.cells if c != "xattention"]
     steps = len(cfg.lengths) * (1 + len(attention_cells) * len(backends) + ("xattention" in cfg.cells))
     bar = tqdm(total=steps, desc="bench kernel", disable=not progress, file=sys.stderr)
@@ -186,7 +186,6 @@ def _bench_length(cfg: KernelBenchConfig, length: int, backends, xa_backends, de
 
     from . import hybrid_attention
     from .sparsity import pair_counts
-    from .xattention import xattention_select
 
     records: list[dict[str, Any]] = []
     scale = cfg.head_dim**-0.5
@@ -232,22 +231,40 @@ def _bench_length(cfg: KernelBenchConfig, length: int, backends, xa_backends, de
         del ref
     if "xattention" in cfg.cells:
         bar.set_postfix_str(f"{length} xattention")
-        selections = {}
-        for backend in xa_backends if checking else xa_backends[:1]:
-
-            def estimate(backend=backend):
-                return xattention_select(q, k, 0.9, 16, 128, backend=backend)
-
-            selections[backend] = estimate()
-            ms = time_call(estimate, device, cfg.repeats)
-            dense = selections[backend].counts.sum().item() / (cfg.batch * cfg.query_heads * _causal_blocks(length))
-            records.append({"length": length, "cell": "xattention", "backend": backend, "ms": ms,
-                            "fraction_of_dense": ms / sdpa_ms, "density": dense})
-        if len(selections) == 2:
-            n = -(-length // 128)
-            a, b = (s.to_dense(n) for s in selections.values())
-            records[-2]["mismatch"] = float((a != b).sum()) / (cfg.batch * cfg.query_heads * _causal_blocks(length))
+        records += _bench_xattention(q, k, length, xa_backends, checking, sdpa_ms, cfg, device)
         bar.update()
+    return records
+
+
+def _bench_xattention(q, k, length, xa_backends, checking, sdpa_ms, cfg, device) -> list[dict[str, Any]]:
+    """XAttention cell: every GPU scoring backend timed (the reference too when checking), each selection compared
+    with the reference's."""
+    from .xattention import xattention_select
+
+    timed = [b for b in xa_backends if b != "reference"] or xa_backends
+    causal = cfg.batch * cfg.query_heads * _causal_blocks(length)
+    records, selections = [], {}
+    for backend in xa_backends if checking else timed:
+
+        def estimate(backend=backend):
+            return xattention_select(q, k, 0.9, 16, 128, backend=backend)
+
+        record: dict[str, Any] = {"length": length, "cell": "xattention", "backend": backend}
+        try:
+            selection = estimate()
+            record["ms"] = time_call(estimate, device, cfg.repeats)
+        except Exception as err:  # one failing backend must not end the sweep; the table shows it
+            record["error"] = f"{type(err).__name__}: {err}"[:300]
+        else:
+            selections[backend] = selection
+            record.update(fraction_of_dense=record["ms"] / sdpa_ms, density=selection.counts.sum().item() / causal)
+        records.append(record)
+    if "reference" in selections:
+        n = -(-length // 128)
+        ref = selections["reference"].to_dense(n)
+        for record in records:
+            if record["backend"] != "reference" and record["backend"] in selections:
+                record["mismatch"] = float((selections[record["backend"]].to_dense(n) != ref).sum()) / causal
     return records
 
 
@@ -297,7 +314,7 @@ def format_table(report: dict[str, Any]) -> str:
             return format(r[key], spec) if r.get(key) is not None else ""
 
         note = ""
-        if r["cell"] == "xattention":
+        if r["cell"] == "xattention" and "ms" in r:
             note = f"{100 * r['fraction_of_dense']:.2f}% of dense SDPA, density {r['density']:.3f}"
             if "mismatch" in r:
                 note += f", {100 * r['mismatch']:.3f}% blocks differ from reference"

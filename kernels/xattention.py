@@ -13,8 +13,10 @@ Design decisions:
 - Selection per query-block row ``r``: block 0 and the diagonal block ``r`` are always kept and count toward the
   target ``τ · Σ_c score[r, c]``; blocks ``0 < c < r`` are added by descending score (ties: lower index first) while
   the mass accumulated *before* adding one is below the target, so the crossing block is included.
-- Two implementations with one contract: plain PyTorch (``backend="reference"``, the ground truth) and Triton
-  (``backend="triton"``, `triton_xattention`), which never materialises the tile-score matrix.
+- Three implementations with one contract: plain PyTorch (``backend="reference"``, the ground truth), fused Triton
+  (``backend="triton"``, `triton_xattention`), which never materialises the tile-score matrix, and cuBLAS GEMMs over
+  causal chunks of that matrix with a Triton epilogue (``backend="gemm"``, designed for long contexts). Both GPU
+  backends share the Triton selection.
 - Only the KV heads marked in ``heads`` (e.g. the BLOCK_SPARSE heads of a plan) are scored; other rows stay empty.
 """
 
@@ -46,7 +48,7 @@ def xattention_select(
         stride: antidiagonal stride S (8 or 16; must divide ``block_size``).
         block_size: block size of the selection (128 as Block-Sparse-Attention).
         heads: bool ``[B, H]``: KV heads to score (all when None); the rows of other heads are empty.
-        backend: ``"auto"`` (Triton where available, else reference), ``"triton"`` or ``"reference"``.
+        backend: ``"auto"`` (Triton where available, else reference), ``"triton"``, ``"gemm"`` or ``"reference"``.
 
     Returns:
         `BlockSelection` with rows ``[B, Hq, ceil(Lk / block_size)]``, for `HeadPlan.blocks`.
@@ -54,7 +56,7 @@ def xattention_select(
     scores = antidiagonal_scores(q, k, stride, block_size, heads, backend)
     B, Hq, Lq, _ = q.shape
     tau, need = _tau(threshold, Hq, q.device), _heads(heads, B, Hq, q.device)
-    if _backend(backend, q.device) == "triton":
+    if _backend(backend, q.device) != "reference":
         from .triton_xattention import csr_from_mask_triton, select_blocks_triton
 
         return csr_from_mask_triton(*select_blocks_triton(scores, tau, need, Lq, k.shape[2], block_size))
@@ -64,9 +66,9 @@ def xattention_select(
 def _backend(backend: str, device: torch.device) -> str:
     if backend == "auto":
         return "triton" if triton_available(device) and device.type == "cuda" else "reference"
-    if backend not in ("triton", "reference"):
-        raise ValueError(f"XAttention backend must be auto, triton or reference; got {backend!r}")
-    if backend == "triton" and not triton_available(device):
+    if backend not in ("triton", "gemm", "reference"):
+        raise ValueError(f"XAttention backend must be auto, triton, gemm or reference; got {backend!r}")
+    if backend != "reference" and not triton_available(device):
         raise RuntimeError(f"Triton is not available on {device} (set TRITON_INTERPRET=1 to run it on the CPU)")
     return backend
 
@@ -93,10 +95,15 @@ def antidiagonal_scores(
     Shapes as `xattention_select`; rows of unscored heads and rows without queries are zero.
     """
     _check(q, k, stride, block_size)
-    if _backend(backend, q.device) == "triton":
+    backend = _backend(backend, q.device)
+    if backend == "triton":
         from .triton_xattention import antidiagonal_scores_triton
 
         return antidiagonal_scores_triton(q, k, stride, block_size, heads)
+    if backend == "gemm":
+        from .triton_xattention import antidiagonal_scores_gemm
+
+        return antidiagonal_scores_gemm(q, k, stride, block_size, heads)
     return _scores_reference(q, k, stride, block_size, heads)
 
 
@@ -109,10 +116,11 @@ def select_blocks(
     heads: torch.Tensor | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """Threshold selection on block scores ``[B, Hq, nB, nB]`` → bool mask ``[B, Hq, nB, nB]`` (see module doc)."""
+    """Threshold selection on block scores ``[B, Hq, nB, nB]`` → bool mask ``[B, Hq, nB, nB]`` (see module doc;
+    ``gemm`` selects as ``triton``)."""
     B, Hq, nB, _ = scores.shape
     tau, need = _tau(threshold, Hq, scores.device), _heads(heads, B, Hq, scores.device)
-    if _backend(backend, scores.device) == "triton":
+    if _backend(backend, scores.device) != "reference":
         from .triton_xattention import select_blocks_triton
 
         return select_blocks_triton(scores, tau, need, q_len, k_len, block_size)[0]

@@ -1,9 +1,12 @@
-"""XAttention block selection: the PyTorch reference against the specification, and Triton against the reference.
+"""XAttention block selection: the PyTorch reference against the specification, and the Triton and cuBLAS-GEMM
+backends against the reference.
 
 The Triton cases run in a child process under ``TRITON_INTERPRET=1`` (see tests/test_kernels_triton.py for why).
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -93,8 +96,30 @@ def test_gpu_selection_matches_reference():
     q = torch.randn(1, 8, 4096, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
     k = torch.randn(1, 2, 4096, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
     ref = xattention_select(q, k, 0.9, 16, 128, backend="reference").to_dense(32)
-    got = xattention_select(q, k, 0.9, 16, 128, backend="triton").to_dense(32)
-    assert (ref != got).float().mean() < 1e-3  # bf16 sums in a different order may flip a block at the threshold
+    for backend in ("triton", "gemm"):
+        got = xattention_select(q, k, 0.9, 16, 128, backend=backend).to_dense(32)
+        assert (ref != got).float().mean() < 1e-3, backend  # bf16 sums in another order may flip a block at τ
+
+
+def test_gpu_backends_need_triton():
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("interpreter enabled in this process")
+    q, k = torch.randn(1, 2, 64, 16), torch.randn(1, 1, 64, 16)
+    with pytest.raises(RuntimeError, match="not available"):
+        xattention_select(q, k, backend="gemm")
+    with pytest.raises(ValueError, match="auto, triton, gemm or reference"):
+        xattention_select(q, k, backend="cublas")
+
+
+def test_gemm_chunks_are_block_rows_within_the_scratch_bound():
+    from elastic_bench.kernels.triton_xattention import GEMM_SCRATCH_BYTES, _chunk_tiles
+
+    # stride 16, 32 query heads: query tiles = key tiles = tokens / 16; rows per tile 32; 2 bytes (bf16), 4 (fp32)
+    shapes = [(tiles, size) for tiles in (8192, 16384, 65536) for size in (2, 4)]
+    chunks = {(tiles, size): _chunk_tiles(tiles, tiles, 32, size, 8) for tiles, size in shapes}
+    assert all(c % 8 == 0 and 32 * c * tiles * size <= GEMM_SCRATCH_BYTES for (tiles, size), c in chunks.items())
+    assert chunks[8192, 2] == 512 and chunks[16384, 2] == 1024  # 128K: 16 chunks (256 MiB); 256K: 16 (1 GiB)
+    assert chunks[65536, 2] == 256  # 1M: capped by the scratch bound
 
 
 # ---- Triton against the reference (interpreter, child process) ------------------------------------------------------
@@ -105,18 +130,24 @@ CASES = {
     "gqa1_stride16_q_shorter": (2, 2, 1, 100, 333, 16, 16, 64, 0.8, [[True, False], [True, True]]),
     "per_head_tau": (1, 1, 4, 256, 256, 64, 4, 16, [0.5, 0.7, 0.9, 1.0], None),
     "stride16_block128": (1, 1, 2, 700, 700, 16, 16, 128, 0.9, None),
+    "gqa4_stride16_q_shorter": (1, 2, 4, 150, 520, 16, 16, 64, 0.9, [[False, True]]),
 }
 
 
 _CSR_FIELDS = ("counts", "offsets", "indices")
 
 
-def _run_case(name: str) -> dict:
+def _case(name: str) -> tuple:
+    """(q, k, tau, stride, block size, heads, Lq, Lk) of case ``name``."""
     B, H, G, Lq, Lk, D, stride, bs, tau, heads = CASES[name]
     gen = torch.Generator().manual_seed(sum(map(ord, name)))
     q, k = torch.randn(B, H * G, Lq, D, generator=gen), torch.randn(B, H, Lk, D, generator=gen)
     heads = torch.tensor(heads) if heads is not None else None
-    tau = torch.tensor(tau) if isinstance(tau, list) else tau
+    return q, k, torch.tensor(tau) if isinstance(tau, list) else tau, stride, bs, heads, Lq, Lk
+
+
+def _run_case(name: str) -> dict:
+    q, k, tau, stride, bs, heads, Lq, Lk = _case(name)
     ref = antidiagonal_scores(q, k, stride, bs, heads, backend="reference")
     tri = antidiagonal_scores(q, k, stride, bs, heads, backend="triton")
     sel_ref = select_blocks(ref, tau, Lq, Lk, bs, heads, backend="reference")
@@ -131,9 +162,32 @@ def _run_case(name: str) -> dict:
     }
 
 
+def _run_gemm_case(name: str) -> dict:
+    """The GEMM backend: default chunks (one at these lengths) and chunks of two block rows."""
+    from elastic_bench.kernels.triton_xattention import antidiagonal_scores_gemm
+
+    q, k, tau, stride, bs, heads, Lq, Lk = _case(name)
+    ref = antidiagonal_scores(q, k, stride, bs, heads, backend="reference")
+    chunked = antidiagonal_scores_gemm(q, k, stride, bs, heads, chunk_tiles=2 * bs // stride)
+    csr_ref = xattention_select(q, k, tau, stride, bs, heads, backend="reference")
+    csr = xattention_select(q, k, tau, stride, bs, heads, backend="gemm")
+    return {
+        "score_error": float((ref - antidiagonal_scores(q, k, stride, bs, heads, backend="gemm")).abs().max()),
+        "chunked_error": float((ref - chunked).abs().max()),
+        "csr_equal": all(torch.equal(getattr(csr_ref, f), getattr(csr, f)) for f in _CSR_FIELDS),
+    }
+
+
 @pytest.fixture(scope="module")
 def results() -> dict:
     return run_interpreted(__file__)
+
+
+@pytest.fixture(scope="module")
+def gemm_results() -> dict:
+    with pytest.MonkeyPatch.context() as env:  # a second child process: each stays well under 20 s
+        env.setenv("XATTENTION_CASES", "gemm")
+        return run_interpreted(__file__)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -146,5 +200,13 @@ def test_triton_selection_matches_reference_block_for_block(results, name):
     assert 0 < r["density"] < 1
 
 
+@pytest.mark.parametrize("name", list(CASES))
+def test_gemm_scores_and_selection_match_reference(gemm_results, name):
+    r = gemm_results[name]
+    assert "error" not in r, r.get("error")
+    assert r["score_error"] < 1e-5 and r["chunked_error"] < 1e-5
+    assert r["csr_equal"]
+
+
 if __name__ == "__main__":
-    print_case_results(CASES, _run_case)
+    print_case_results(CASES, _run_gemm_case if os.environ.get("XATTENTION_CASES") == "gemm" else _run_case)
