@@ -163,9 +163,8 @@ def _train(args) -> int:
                    max_length=args.max_length, stage_fraction=args.stage_fraction, lr=args.lr,
                    eval_samples=args.eval_samples, init_from=args.init_from, rope_theta=args.rope_theta,
                    curriculum_needles=args.curriculum_needles, context_weight=args.context_weight,
-                   key_aux_weight=args.key_aux_weight,
-                   value_aux_weight=args.value_aux_weight, attention_aux_weight=args.attention_aux_weight,
-                   end_slack=args.end_slack,
+                   key_aux_weight=args.key_aux_weight, value_aux_weight=args.value_aux_weight,
+                   attention_aux_weight=args.attention_aux_weight, end_slack=args.end_slack,
                    first_token_weight=args.first_token_weight)
     for name in ("mix_weights", "task_weights", "curriculum_task_weights"):
         if getattr(args, name):

@@ -251,9 +251,8 @@ class Batches(torch.utils.data.Dataset):
         for row, task in enumerate(row_tasks):
             spec = SPECS[task]
             count = max(spec.num_needles, needles) if needles and spec.followups else None
-            slack = int(rng.integers(0, cfg.end_slack + 1)) if cfg.end_slack and after_curriculum else 0
-            example = self.generator.example(spec, rng, length - slack, training=True, num_needles=count)
-            end = length - slack
+            end = length - (int(rng.integers(0, cfg.end_slack + 1)) if cfg.end_slack and after_curriculum else 0)
+            example = self.generator.example(spec, rng, end, training=True, num_needles=count)
             ids[row, :end], weights[row, :end] = example.training_sequence(self.vocab, cfg.context_weight)
             ids[row, end:], weights[row, end:] = self.vocab.pad_id, 0.0  # after </s>: never attended, no loss
         scored = np.flatnonzero(weights[:, 1:] > 0)  # flat over [B, L-1]: predicting token t+1 from position t
