@@ -15,8 +15,9 @@ Design decisions:
   the mass accumulated *before* adding one is below the target, so the crossing block is included.
 - Three implementations with one contract: plain PyTorch (``backend="reference"``, the ground truth), fused Triton
   (``backend="triton"``, `triton_xattention`), which never materialises the tile-score matrix, and cuBLAS GEMMs over
-  causal chunks of that matrix with a Triton epilogue (``backend="gemm"``, designed for long contexts). Both GPU
-  backends share the Triton selection.
+  causal chunks of that matrix with a Triton epilogue (``backend="gemm"``; it rounds the tile scores to the input
+  dtype before the softmax, so near-tie blocks can flip). ``auto`` takes the faster on the H200 (`docs/benchmarks.md`):
+  ``triton`` below `GEMM_MIN_KEYS` keys, ``gemm`` from there. Both GPU backends share the Triton selection.
 - Only the KV heads marked in ``heads`` (e.g. the BLOCK_SPARSE heads of a plan) are scored; other rows stay empty.
 """
 
@@ -28,6 +29,7 @@ from .plan import BlockSelection
 from .triton_hybrid import available as triton_available
 
 LOG2E = 1.4426950408889634
+GEMM_MIN_KEYS = 65536  # from here `auto` scores with cuBLAS (H200: Triton faster at 32K, GEMMs at 128K)
 
 
 def xattention_select(
@@ -48,7 +50,8 @@ def xattention_select(
         stride: antidiagonal stride S (8 or 16; must divide ``block_size``).
         block_size: block size of the selection (128 as Block-Sparse-Attention).
         heads: bool ``[B, H]``: KV heads to score (all when None); the rows of other heads are empty.
-        backend: ``"auto"`` (Triton where available, else reference), ``"triton"``, ``"gemm"`` or ``"reference"``.
+        backend: ``"auto"`` (on CUDA ``triton`` below `GEMM_MIN_KEYS` keys, ``gemm`` from there; else reference),
+            ``"triton"``, ``"gemm"`` or ``"reference"``.
 
     Returns:
         `BlockSelection` with rows ``[B, Hq, ceil(Lk / block_size)]``, for `HeadPlan.blocks`.
@@ -63,9 +66,11 @@ def xattention_select(
     return BlockSelection.from_dense(_select_reference(scores, tau, need, Lq, k.shape[2], block_size))
 
 
-def _backend(backend: str, device: torch.device) -> str:
+def _backend(backend: str, device: torch.device, k_len: int = 0) -> str:
     if backend == "auto":
-        return "triton" if triton_available(device) and device.type == "cuda" else "reference"
+        if not (triton_available(device) and device.type == "cuda"):
+            return "reference"
+        return "gemm" if k_len >= GEMM_MIN_KEYS else "triton"
     if backend not in ("triton", "gemm", "reference"):
         raise ValueError(f"XAttention backend must be auto, triton, gemm or reference; got {backend!r}")
     if backend != "reference" and not triton_available(device):
@@ -95,7 +100,7 @@ def antidiagonal_scores(
     Shapes as `xattention_select`; rows of unscored heads and rows without queries are zero.
     """
     _check(q, k, stride, block_size)
-    backend = _backend(backend, q.device)
+    backend = _backend(backend, q.device, k.shape[2])
     if backend == "triton":
         from .triton_xattention import antidiagonal_scores_triton
 

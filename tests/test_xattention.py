@@ -111,6 +111,17 @@ def test_gpu_backends_need_triton():
         xattention_select(q, k, backend="cublas")
 
 
+def test_auto_scores_with_triton_below_gemm_min_keys_and_with_gemm_from_there(monkeypatch):
+    from elastic_bench.kernels import xattention
+
+    monkeypatch.setattr(xattention, "triton_available", lambda device: True)
+    cuda = torch.device("cuda")
+    assert xattention._backend("auto", cuda, xattention.GEMM_MIN_KEYS - 1) == "triton"
+    assert xattention._backend("auto", cuda, xattention.GEMM_MIN_KEYS) == "gemm"
+    assert xattention._backend("auto", torch.device("cpu"), 1 << 20) == "reference"
+    assert xattention._backend("triton", cuda, 1 << 20) == "triton"  # an explicit backend is kept
+
+
 def test_gemm_chunks_are_block_rows_within_the_scratch_bound():
     from elastic_bench.kernels.triton_xattention import GEMM_SCRATCH_BYTES, _chunk_tiles
 
