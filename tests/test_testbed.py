@@ -178,6 +178,16 @@ def test_window_mask_is_the_streaming_method(vocab):
     assert (masked - full)[:, 100:].abs().max() > 1e-3
 
 
+def test_window_mask_with_prompt_ends_streams_the_prompt_and_decodes_densely():
+    geometry = StreamingGeometry(4, 8)
+    plain = window_mask(40, geometry, "cpu")
+    mask = window_mask(40, geometry, "cpu", torch.tensor([20, 40]))
+    causal = torch.ones(40, 40, dtype=torch.bool).tril()
+    assert mask.shape == (2, 1, 40, 40) and torch.equal(mask[1, 0], plain[0, 0])
+    assert torch.equal(mask[0, 0, :20], plain[0, 0, :20]) and torch.equal(mask[0, 0, 20:], causal[20:])
+    assert not plain[0, 0, 30, 10] and mask[0, 0, 30, 10]
+
+
 class _Oracle(torch.nn.Module):
     """Predicts the next token by looking ahead (``wrong_last``: gets the last token of every row wrong)."""
 

@@ -54,10 +54,10 @@ def test_head_ablation_finds_the_shipped_retrieval_heads_and_writes_duo_gates(tm
 
     model, _ = load_model("testbed", dtype=torch.float32, device="cpu")
     gates = ablation_gates(model, build(), length=1024, samples=4, progress=False)
-    # layers 3 and 5, KV head 0 carry multi-key retrieval; no other head matters at this sample size
-    assert gates.shape == (6, 2) and gates[3, 0] >= 0.5 and gates[5, 0] >= 0.5
-    assert (gates > 0.25).sum() == 2
+    # layer 5, KV head 0 (the group of the supervised reader) carries the retrieval; no other head matters here
+    assert gates.shape == (6, 2) and gates[5, 0] >= 0.5
+    assert (gates > 0.25).sum() == 1
     write_gates(gates, tmp_path / "gates.tsv")
     assert load_gates(tmp_path / "gates.tsv") == pytest.approx(gates.round(4))
     shipped = load_gates(TESTBED_DIR / "head_gates.tsv")
-    assert shipped.shape == (6, 2) and {int(i) for i in np.argsort(shipped, axis=None)[-2:]} == {6, 10}
+    assert shipped.shape == (6, 2) and int(np.argmax(shipped)) == 10 and (shipped > 0.25).sum() == 1  # GPU, 20 samples

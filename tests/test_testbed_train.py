@@ -50,6 +50,8 @@ def test_curriculum_task_weights_apply_during_the_curriculum_only():
         TrainConfig(first_token_weight=0.0)
     with pytest.raises(ValueError, match="context_weight"):
         TrainConfig(context_weight=1.0)
+    with pytest.raises(ValueError, match="streaming_fraction"):
+        TrainConfig(streaming_fraction=1.5)
 
 
 def test_training_runs_with_deterministic_kernels_and_restores_the_setting(tmp_path, monkeypatch):
@@ -129,7 +131,8 @@ def test_curriculum_needles_add_distractors_but_keep_four_questions():
     assert np.array_equal(after["ids"], Batches(TrainConfig(seed=3), vocab)[3000]["ids"])
 
 
-TOY = dict(steps=3, batch_tokens=256, min_length=256, max_length=256, eval_samples=1, checkpoint_every=2)
+TOY = dict(seed=0, steps=3, batch_tokens=256, min_length=256, max_length=256, eval_samples=1, checkpoint_every=2,
+           attention_aux_weight=0.0, end_slack=0)
 
 
 def test_interrupted_and_resumed_training_equals_one_run_and_exports_a_loadable_model(tmp_path):
@@ -167,7 +170,7 @@ def test_key_aux_head_reads_each_needles_first_value_token_and_resumes(tmp_path)
     flat, values, keys = batch["ids"].reshape(-1), batch["needle_values"], batch["needle_keys"]
     assert len(values) == 4 * batch["ids"].shape[0] and np.isin(keys, vocab.key_ids).all()
     assert np.array_equal(flat[values - 2], keys) and np.isin(flat[values], vocab.digit_ids).all()
-    assert "needle_values" not in Batches(TrainConfig(seed=3), vocab)[0]
+    assert "needle_values" not in Batches(TrainConfig(seed=3, attention_aux_weight=0.0), vocab)[0]
     asked, asked_values = batch["asked"], batch["asked_values"]  # question and prefix, for the answer and 3 followups
     assert len(asked) == 2 * len(values) and np.isin(flat[asked], vocab.key_ids).all()
     width = batch["ids"].shape[1]
@@ -235,8 +238,8 @@ def test_attention_aux_training_logs_every_heads_loss(tmp_path):
 
 def test_end_slack_ends_rows_early_and_pads_them_without_loss():
     vocab = build()
-    plain = Batches(TrainConfig(seed=5), vocab)[5000]  # after the curriculum: 1K, 2K or 4K
-    assert (plain["ids"][:, -1] == vocab.eos_id).all()  # default: every row closes its answer at the last position
+    plain = Batches(TrainConfig(seed=5, end_slack=0), vocab)[5000]  # after the curriculum: 1K, 2K or 4K
+    assert (plain["ids"][:, -1] == vocab.eos_id).all()  # no slack: every row closes its answer at the last position
     assert (Batches(TrainConfig(seed=5, end_slack=16), vocab)[0]["ids"][:, -1] == vocab.eos_id).all()  # curriculum
     batch = Batches(TrainConfig(seed=5, end_slack=16), vocab)[5000]
     ids, width = batch["ids"], batch["ids"].shape[1]
@@ -247,3 +250,39 @@ def test_end_slack_ends_rows_early_and_pads_them_without_loss():
     assert (scored_cols < ends[scored_rows]).all()  # nothing after </s> is scored
     with pytest.raises(ValueError, match="end_slack"):
         TrainConfig(end_slack=100)
+
+
+def test_cli_defaults_are_the_first_stage_and_each_stages_recorded_command_gives_its_config():
+    import shlex
+    from importlib.resources import files
+
+    from elastic_bench.cli import build_parser
+    from elastic_bench.testbed.cli import train_config
+
+    def parsed(words):
+        return train_config(build_parser().parse_args(words))[0]
+
+    assert parsed(["testbed", "train", "--output", "x"]) == TrainConfig()
+    shipped = files("elastic_bench") / "data" / "testbed"
+    first, second = (json.loads((shipped / f).read_text()) for f in ("stage1/TRAINING.json", "TRAINING.json"))
+    assert TrainConfig(**first["config"]) == TrainConfig()  # the defaults are the shipped first stage
+    for record in (first, second):
+        assert record["complete"] and parsed(shlex.split(record["command"])[1:]) == TrainConfig(**record["config"])
+    assert second["config"]["dense_decode"] and second["config"]["init_from"]
+
+
+def test_batches_mark_each_prompt_end_and_dense_decode_reaches_the_training_mask(tmp_path):
+    vocab = build()
+    batch = Batches(TrainConfig(seed=4), vocab)[5000]
+    width = batch["ids"].shape[1]
+    rows, cols = np.divmod(batch["positions"][batch["first"]], width)
+    assert np.array_equal(batch["prompt_ends"], [cols[rows == r].min() + 1 for r in range(len(batch["ids"]))])
+    small = dict(TOY | {"min_length": 512, "max_length": 512, "batch_tokens": 1024, "steps": 2, "eval_samples": 0,
+                        "streaming_fraction": 1.0, "stage_fraction": 0.01, "task_weights": {"niah_recent": 1.0}})
+    runs = {}
+    for dense in (False, True):
+        train(TrainConfig(**small, dense_decode=dense), tmp_path / str(dense), device="cpu", progress=False)
+        log = [json.loads(line) for line in (tmp_path / str(dense) / "train_log.jsonl").read_text().splitlines()]
+        assert log[-1]["streaming"]
+        runs[dense] = torch.load(tmp_path / str(dense) / "checkpoint.pt", weights_only=False)["model"]
+    assert any(not torch.equal(runs[False][k], runs[True][k]) for k in runs[False])

@@ -4,9 +4,9 @@ A sample counts as correct when, fed ``prompt + answer + </s>``, the model's arg
 answer token and at the last position ``</s>``: exactly the condition for greedy decoding to produce the answer and
 stop. The prompts are those of the registered tasks (`elastic_bench.testbed.tasks`, same seed and index), so these
 figures are what ``elastic-bench run --tasks testbed`` measures with its own generation loop, up to numerics (its
-containment scoring accepts every exact match, and can accept more). Streaming is evaluated with the sink +
-local-window mask of `elastic_bench.kernels.masks.streaming` (token granularity), the semantics of
-``methods.get("streaming", ...)``.
+containment scoring accepts every exact match, and can accept more). Streaming is evaluated as the harness runs
+``methods.get("streaming", ...)``: the sink + local-window mask of `elastic_bench.kernels.masks.streaming` (token
+granularity) over the prompt, dense attention from the answer's positions (the decode steps).
 """
 
 from __future__ import annotations
@@ -23,11 +23,20 @@ from .generators import SPECS, Generator, sample_rng
 from .vocab import Vocab
 
 
-def window_mask(length: int, geometry: StreamingGeometry, device: torch.device | str) -> torch.Tensor:
+def window_mask(length: int, geometry: StreamingGeometry, device: torch.device | str,
+                prompt_ends: torch.Tensor | None = None) -> torch.Tensor:
     """``[1, 1, L, L]`` bool mask (True = attend) of causal sink + local-window attention on every head: the 4-D
-    ``attention_mask`` transformers models accept as is."""
+    ``attention_mask`` transformers models accept as is.
+
+    With ``prompt_ends [B]`` (each row's prompt length) the mask is ``[B, 1, L, L]`` and the positions from a row's
+    prompt end on attend causally to every position: a streaming prefill followed by dense decode steps, which is how
+    the harness runs a prefill method (`reference/method.md` §8)."""
     positions = torch.arange(length, device=device)
-    return streaming_predicate(geometry)(positions[:, None], positions[None, :])[None, None]
+    mask = streaming_predicate(geometry)(positions[:, None], positions[None, :])[None, None]
+    if prompt_ends is None:
+        return mask
+    decoding = positions[None, :, None] >= prompt_ends.to(device)[:, None, None]  # [B, L, 1]
+    return (mask[0] | (decoding & (positions[:, None] >= positions[None, :])))[:, None]
 
 
 def hidden_states(model, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -60,7 +69,8 @@ def exact_match(
         lengths: target lengths (prompt plus the generation budget), as in `Task.samples`.
         num_samples: samples per task and length (indices ``0 … num_samples-1``).
         seed: sample seed (42 is the harness default).
-        streaming: None for full attention, else the sink + window geometry applied to every head.
+        streaming: None for full attention, else the sink + window geometry applied to every head of the prompt,
+            the answer positions attending densely (as `window_mask` with the prompts' ends).
         batch_tokens: tokens per forward.
         tasks: `generators.SPECS` names to evaluate (default: all).
     """
@@ -79,7 +89,6 @@ def exact_match(
                 sequences.append(np.concatenate([prompt, example.answer, [vocab.eos_id]]))
                 targets.append(len(prompt))
             width = max(map(len, sequences))
-            mask = window_mask(width, streaming, device) if streaming is not None else None
             per_batch = max(1, batch_tokens // width)
             correct = 0
             for start in range(0, num_samples, per_batch):
@@ -95,6 +104,8 @@ def exact_match(
                     owner.append(np.full(len(span), row))
                 flat_t = torch.from_numpy(np.concatenate(flat)).to(device)
                 gold_t = torch.from_numpy(np.concatenate(gold)).to(device)
+                mask = None if streaming is None else window_mask(
+                    width, streaming, device, torch.tensor([targets[i] for i in chunk]))
                 with autocast:
                     hits = answer_logits(model, ids.to(device), flat_t, mask).argmax(-1) == gold_t
                 misses = torch.zeros(len(chunk), device=device).index_add_(
