@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from .plan import BlockSelection
+from .triton_hybrid import LOG2E
 
 
 @triton.jit
@@ -219,7 +220,7 @@ def antidiagonal_scores_triton(
     _scores_kernel[(B * Hq // pack, n_chunks)](
         q, k, lse, out, need,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        Hq, Hq // H, Lq, Lk, n_tiles, n_blocks, n_chunks, 1.4426950408889634 / (D**0.5 * stride),
+        Hq, Hq // H, Lq, Lk, n_tiles, n_blocks, n_chunks, LOG2E / (D**0.5 * stride),
         S=stride, D=D, PER=per, PACK=pack, TQ=tq, BLOCK_KT=block_kt,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=8 if pack * tq >= 128 else 4, num_stages=3,
     )
@@ -273,7 +274,7 @@ def antidiagonal_scores_gemm(
         scores.baddbmm_(a, kt[:, :t1].transpose(1, 2), beta=0.0, alpha=1.0 / (D**0.5 * S))
         n_block_rows = (t1 - 1) // per - t0 // per + 1
         _gemm_epilogue_kernel[(n * G * n_block_rows,)](
-            scores, lse, out, pairs, G, t0, t1, n_block_rows, n_blocks, 1.4426950408889634,
+            scores, lse, out, pairs, G, t0, t1, n_block_rows, n_blocks, LOG2E,
             PER=per, BLOCK_KT=max(per, 512), num_warps=4,
         )
     return out
