@@ -23,7 +23,7 @@ def test_shipped_checkpoint_is_small_bf16_and_loads_offline_with_its_tokenizer()
     with safe_open(weights, "pt") as f:
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
     model, tokenizer = load_model("testbed", device="cpu")
-    assert model.num_parameters() == 6_729_984
+    assert model.num_parameters() == 6_832_384
     assert tokenizer.get_vocab() == build().index  # the shipped tokenizer is the one the generators build
     record = json.loads((TESTBED_DIR / "TRAINING.json").read_text())
     assert record["complete"] and record["command"].startswith("elastic-bench testbed train")

@@ -15,19 +15,22 @@ from elastic_bench.testbed.vocab import build
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
-def test_curriculum_then_mixture_and_streaming_steps_train_robust_tasks_only():
-    config = TrainConfig(steps=1000, batch_tokens=4096, streaming_fraction=0.5, stage_fraction=0.04)
+@pytest.mark.parametrize("tasks", ["all", "robust"])
+def test_curriculum_then_mixture_and_streaming_steps_of_the_chosen_tasks(tasks):
+    config = TrainConfig(steps=1000, batch_tokens=4096, streaming_fraction=0.5, stage_fraction=0.04,
+                         streaming_tasks=tasks)
     batches = Batches(config, build())
     rng = np.random.default_rng(0)
     assert [batches.length_at(s, rng) for s in (0, 39, 40, 80, 120, 160)] == [256, 256, 512, 1024, 2048, 4096]
     assert {batches.length_at(s, rng) for s in range(200, 400)} == {1024, 2048, 4096}
     streaming = [s for s in range(200, 260) if batches[s]["streaming"]]
     assert streaming and not any(batches[s]["streaming"] for s in range(0, 200, 7))
-    robust_instructions = {SPECS[t].instruction.split()[0] for t in batches.robust[0]}
     vocab = build()
-    for step in streaming[:3]:
-        batch = batches[step]
-        assert {vocab.tokens[row[1]] for row in batch["ids"]} <= robust_instructions
+    seen = set().union(*({vocab.tokens[row[1]] for row in batches[step]["ids"]} for step in streaming))
+    robust_instructions = {SPECS[t].instruction.split()[0] for t in SPECS if SPECS[t].category == "robust"}
+    assert seen <= robust_instructions if tasks == "robust" else seen > robust_instructions
+    with pytest.raises(ValueError, match="streaming_tasks"):
+        TrainConfig(streaming_tasks="sensitive")
     assert learning_rate(config, 0) < learning_rate(config, 19) == pytest.approx(config.lr)
     assert learning_rate(config, 999) == pytest.approx(config.lr * config.min_lr_ratio, rel=1e-3)
 
@@ -101,7 +104,7 @@ def test_batches_mark_each_answers_first_token_and_task():
         answers = 1 + 3 * SPECS[name].followups  # multi-key sequences also ask for their three distractors
         assert sequences > 0 and int((mine & batch["first"]).sum()) == sequences * answers
     single = batch["first"] & (batch["task"] == list(SPECS).index("niah_single"))
-    assert np.isin(batch["targets"][single], vocab.digit_ids).all()  # a needle answer opens with its first digit
+    assert np.isin(batch["targets"][single], vocab.number_ids).all()  # a needle answer opens with its first pair
     weighted = Batches(TrainConfig(seed=3, first_token_weight=4.0), vocab)[3000]
     assert np.array_equal(weighted["targets"], batch["targets"])
     assert np.all(weighted["weights"][batch["first"]] == 4.0)
@@ -156,7 +159,7 @@ def test_interrupted_and_resumed_training_equals_one_run_and_exports_a_loadable_
     assert record["evaluation"]["streaming"]["geometry"] == {"sink": 16, "local": 256}
     assert record["evaluation"]["key_matching"]["selectivity"] < 0.5  # three steps learn no key matching
     model, tokenizer = load_model(str(tmp_path / "a"), dtype=torch.bfloat16, device="cpu")
-    assert model.num_parameters() == record["parameters"] == 6_729_984
+    assert model.num_parameters() == record["parameters"] == 6_832_384
     assert (tmp_path / "a" / "model.safetensors").stat().st_size < 16 * 2**20
     assert tokenizer.eos_token_id == build().eos_id and model.generation_config.eos_token_id == build().eos_id
     with pytest.raises(ValueError, match="another configuration"):
@@ -169,12 +172,12 @@ def test_key_aux_head_reads_each_needles_first_value_token_and_resumes(tmp_path)
     batch = Batches(config, vocab)[0]  # curriculum: multi-key only, four needles per row
     flat, values, keys = batch["ids"].reshape(-1), batch["needle_values"], batch["needle_keys"]
     assert len(values) == 4 * batch["ids"].shape[0] and np.isin(keys, vocab.key_ids).all()
-    assert np.array_equal(flat[values - 2], keys) and np.isin(flat[values], vocab.digit_ids).all()
+    assert np.array_equal(flat[values - 2], keys) and np.isin(flat[values], vocab.number_ids).all()
     assert "needle_values" not in Batches(TrainConfig(seed=3, attention_aux_weight=0.0), vocab)[0]
     asked, asked_values = batch["asked"], batch["asked_values"]  # question and prefix, for the answer and 3 followups
     assert len(asked) == 2 * len(values) and np.isin(flat[asked], vocab.key_ids).all()
     width = batch["ids"].shape[1]
-    needle_of = {(int(v) // width, int(k)): int(flat[v]) for v, k in zip(values, keys)}  # (row, key) -> first digit
+    needle_of = {(int(v) // width, int(k)): int(flat[v]) for v, k in zip(values, keys)}  # (row, key) -> first pair
     assert [needle_of[int(a) // width, int(flat[a])] for a in asked] == asked_values.tolist()
     assert np.array_equal(flat[batch["asked_needles"]], asked_values) and np.isin(batch["asked_needles"], values).all()
     assert np.array_equal(batch["asked_needles"] // width, asked // width)
@@ -222,8 +225,8 @@ def test_copy_sources_point_at_the_context_tokens_each_answer_copies():
     answers = batch["answer"].sum() - batch["first"].sum()  # every answer token but </s> copies a context token
     assert len(copies) == answers and np.array_equal(sources // batch["ids"].shape[1], copies // batch["ids"].shape[1])
     first_copies = np.isin(copies, batch["positions"][batch["first"]])
-    words = np.concatenate([vocab.digit_ids, vocab.noun_ids, vocab.adjective_ids, vocab.verb_ids])
-    assert np.isin(flat[sources[first_copies]], words).all()  # a needle's first digit or the repeated sentence's word
+    words = np.concatenate([vocab.number_ids, vocab.noun_ids, vocab.adjective_ids, vocab.verb_ids])
+    assert np.isin(flat[sources[first_copies]], words).all()  # a needle's first pair or the repeated sentence's word
 
 
 def test_attention_aux_training_logs_every_heads_loss(tmp_path):
@@ -263,6 +266,8 @@ def test_cli_defaults_are_the_first_stage_and_each_stages_recorded_command_gives
         return train_config(build_parser().parse_args(words))[0]
 
     assert parsed(["testbed", "train", "--output", "x"]) == TrainConfig()
+    assert parsed(["testbed", "train", "--output", "x", "--no-dense-decode", "--streaming-tasks", "robust"]) == \
+        TrainConfig(dense_decode=False, streaming_tasks="robust")
     shipped = files("elastic_bench") / "data" / "testbed"
     first, second = (json.loads((shipped / f).read_text()) for f in ("stage1/TRAINING.json", "TRAINING.json"))
     assert TrainConfig(**first["config"]) == TrainConfig()  # the defaults are the shipped first stage

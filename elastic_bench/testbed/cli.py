@@ -13,6 +13,8 @@ import sys
 
 def add_cli(sub) -> None:
     """Add the ``testbed`` command group to the top-level subparsers."""
+    import argparse
+
     from elastic_bench.cli import _lengths
 
     group = sub.add_parser(
@@ -26,9 +28,7 @@ def add_cli(sub) -> None:
     p = commands.add_parser(
         "train", help="train the testbed model from scratch",
         description="Train the testbed model: word-level tokenizer, task generators, context curriculum 256 → 4096, "
-        "bf16 on the GPU; the defaults are the first stage of the shipped checkpoint's recipe (the second: --init-from "
-        "FIRST --seed 2 --steps 600 --min-length 1024 --stage-fraction 0.001 --streaming-fraction 0.3 --dense-decode "
-        "--lr 5e-4). Deterministic from --seed (deterministic "
+        "bf16 on the GPU; the defaults are the shipped checkpoint's recipe. Deterministic from --seed (deterministic "
         "kernels). Writes checkpoints, a log, and at the end the model (config.json, model.safetensors in bf16, "
         "tokenizer files) and TRAINING.json (command, versions, exact-match accuracies with full and streaming "
         "attention). Rerunning with the same --output resumes.",
@@ -57,7 +57,7 @@ def add_cli(sub) -> None:
                    "(a training-only head; trains the key-writing half of key matching; default 0: none)")
     p.add_argument("--value-aux-weight", type=float, default=0.0,
                    help="weight of an auxiliary loss that predicts, at each question's key token, the first value "
-                   "digit of the needle with that key (the matching half of key matching; at 1 on the GPU it "
+                   "token of the needle with that key (the matching half of key matching; at 1 on the GPU it "
                    "stopped the model learning to copy answers, TRAINING.md; default 0: none)")
     p.add_argument("--attention-aux-weight", type=float, default=1.0,
                    help="weight of an auxiliary loss on the attention of three query heads: layer 1 head 1 attends "
@@ -69,11 +69,13 @@ def add_cli(sub) -> None:
                    "answers are not closed by absolute position (default 16)")
     p.add_argument("--first-token-weight", type=float, default=1.0,
                    help="loss weight of each answer's first token, the one that names the needle (default 1)")
-    p.add_argument("--streaming-fraction", type=float, default=0.1,
-                   help="share of the post-curriculum steps that train the robust tasks under streaming (default 0.1)")
-    p.add_argument("--dense-decode", action="store_true",
-                   help="in those steps let the answer positions attend densely, as the harness decodes after a "
-                   "streaming prefill (the second stage of the shipped recipe)")
+    p.add_argument("--streaming-fraction", type=float, default=0.2,
+                   help="share of the post-curriculum steps trained under sink-16 + window-256 streaming (default 0.2)")
+    p.add_argument("--streaming-tasks", choices=("all", "robust"), default="all",
+                   help="the tasks of those steps: the whole mixture or its robust tasks (default all)")
+    p.add_argument("--dense-decode", action=argparse.BooleanOptionalAction, default=True,
+                   help="in those steps the answer positions attend densely, as the harness decodes after a streaming "
+                   "prefill (default; --no-dense-decode: streaming on every position)")
     p.add_argument("--lr", type=float, default=1.5e-3, help="peak learning rate (default 1.5e-3)")
     p.add_argument("--task-weights", type=_weights, metavar="TASK=W,...",
                    help="sampling weights of the tasks after the curriculum (default "
@@ -173,7 +175,7 @@ def train_config(args) -> tuple:
                    key_aux_weight=args.key_aux_weight, value_aux_weight=args.value_aux_weight,
                    attention_aux_weight=args.attention_aux_weight, end_slack=args.end_slack,
                    first_token_weight=args.first_token_weight, streaming_fraction=args.streaming_fraction,
-                   dense_decode=args.dense_decode)
+                   streaming_tasks=args.streaming_tasks, dense_decode=args.dense_decode)
     for name in ("mix_weights", "task_weights", "curriculum_task_weights"):
         if getattr(args, name):
             options[name] = getattr(args, name)
@@ -189,8 +191,8 @@ def _train(args) -> int:
     words = ["elastic-bench", "testbed", "train", "--output", args.output]
     for key, value in options.items():
         flag = f"--{key.replace('_', '-')}"
-        if isinstance(value, bool):  # a switch
-            words += [flag] * value
+        if isinstance(value, bool):  # a --flag / --no-flag switch
+            words.append(flag if value else f"--no-{flag[2:]}")
         elif value is not None:
             words += [flag, ",".join(f"{k}={w}" for k, w in value.items()) if isinstance(value, dict)
                       else ",".join(map(str, value)) if isinstance(value, tuple) else str(value)]

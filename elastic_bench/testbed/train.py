@@ -11,9 +11,11 @@ Design decisions (after a feasibility run on one H200; see docs/benchmarks.md, "
   evaluation prompts never have them).
 - Context curriculum: 256 → 512 → 1K → 2K → 4K, each for `TrainConfig.stage_fraction` of the steps, then 1K/2K/4K mixed
   (4K half the time). Tokens per step are constant, so a step costs about the same at every length.
-- Some steps (`TrainConfig.streaming_fraction`, once sequences exceed the window) train the robust tasks under the
-  sink-16 + window-256 streaming mask, so that their answers do not depend on the middle of the context, which is
-  what the robust family stands for.
+- Some steps (`TrainConfig.streaming_fraction`, once sequences exceed the window) train every task the way the
+  harness runs a prefill method: the prompt under the sink-16 + window-256 streaming mask, the answer densely. The
+  robust answers then do not depend on the middle of the context, which is what the robust family stands for, and a
+  needle answer opens with a value even when the needle is out of sight (no template words first, from which the
+  dense decode steps could still find it).
 - The log follows key matching, the skill that decides the needle tasks and forms late and rarely (TRAINING.md): at
   every checkpoint, the selectivity of the best key-matching head (`heads.key_matching`, 8 prompts).
 - Deterministic from the seed: the weights' initialisation, the batch of step ``s`` (a function of ``(seed, s)``
@@ -57,9 +59,8 @@ ATTENTION_AUX_HEADS = {"writer": ((1, 1), ("needle_values", None)), "matcher": (
 
 @dataclass
 class TrainConfig:
-    """Everything that determines the trained weights (and the evaluation run at the end). The defaults are the first
-    stage of the shipped checkpoint's recipe; its second stage starts from them with ``init_from`` and
-    ``dense_decode`` (`elastic_bench/data/testbed/TRAINING.md`).
+    """Everything that determines the trained weights (and the evaluation run at the end). The defaults are the shipped
+    checkpoint's recipe (`elastic_bench/data/testbed/TRAINING.md`).
 
     Attributes:
         seed: initialisation and data seed.
@@ -83,7 +84,7 @@ class TrainConfig:
             circuit that otherwise lowers the loss only once the other half exists (TRAINING.md, "What the shipped
             model does").
         value_aux_weight: weight of a second auxiliary loss (0: none) in which the same head predicts, at each
-            question's key token, the first value digit of the needle with that key: the matching half of the
+            question's key token, the first value token of the needle with that key: the matching half of the
             circuit, supervised where the shipped model computes it. At 1 from the first step it kept the model from
             learning to copy answers in two GPU runs (TRAINING.md, "Three more GPU calls").
         attention_aux_weight: weight of an auxiliary loss (0: none) on the attention of three designated query heads
@@ -100,13 +101,16 @@ class TrainConfig:
             position: one did for ``repeat``, whose evaluation prompts end earlier (TRAINING.md, "Attention
             supervision").
         first_token_weight: loss weight of each answer's first token (the other answer tokens weigh 1). For the
-            needle tasks it is the token that names the needle chosen; the later digits can be copied from it.
-        streaming_fraction: share of the post-curriculum steps that train the robust tasks under `streaming`.
+            needle tasks it is the token that names the needle chosen; the later pieces can be copied from it.
+        streaming_fraction: share of the post-curriculum steps trained under `streaming`.
+        streaming_tasks: the tasks of those steps: ``"all"`` (the `task_weights` mixture) or ``"robust"`` (its robust
+            tasks). Trained on the robust tasks only, a model learned to open a needle answer under streaming with
+            template words, after which the dense decode steps found the needle (TRAINING.md, "History").
         dense_decode: in those steps, the positions after each prompt (the answer, which the harness decodes with
             dense attention after a streaming prefill) attend densely (`evaluate.window_mask` with the prompts'
-            ends); False: streaming everywhere, the first stage of the shipped recipe. With streaming everywhere,
-            the shipped first stage copied later answer digits from outside the window in 16% of `niah_recent`
-            prompts at 4K under streaming prefill and dense decode (TRAINING.md, "How it was trained").
+            ends); False: streaming everywhere. With streaming everywhere, a model copied later answer digits from
+            outside the window in 16% of `niah_recent` prompts at 4K under streaming prefill and dense decode
+            (TRAINING.md, "History").
         streaming: the sink + window geometry of those steps (and of the final evaluation).
         rope_theta: the model's RoPE base.
         deterministic: run with PyTorch's deterministic kernels (`deterministic_algorithms`).
@@ -135,8 +139,9 @@ class TrainConfig:
     attention_aux_weight: float = 1.0
     end_slack: int = 16
     first_token_weight: float = 1.0
-    streaming_fraction: float = 0.1
-    dense_decode: bool = False
+    streaming_fraction: float = 0.2
+    streaming_tasks: str = "all"
+    dense_decode: bool = True
     streaming: tuple[int, int] = (16, 256)
     rope_theta: float = 10000.0
     deterministic: bool = True
@@ -167,6 +172,8 @@ class TrainConfig:
             raise ValueError(f"end_slack must be in [0, min_length // 4], got {self.end_slack}")
         if not 0 <= self.streaming_fraction <= 1:
             raise ValueError(f"streaming_fraction must be in [0, 1], got {self.streaming_fraction}")
+        if self.streaming_tasks not in ("all", "robust"):
+            raise ValueError(f"streaming_tasks must be 'all' or 'robust', got {self.streaming_tasks!r}")
         if not 0 <= self.context_weight < 1:
             raise ValueError(f"context_weight must be in [0, 1), got {self.context_weight}")
         if self.first_token_weight <= 0 or self.curriculum_needles < 1:
@@ -231,7 +238,8 @@ class Batches(torch.utils.data.Dataset):
         self.config, self.vocab, self.generator = config, vocab, Generator(vocab)
         self.mixture = _mixture(config.task_weights)
         self.curriculum_mixture = _mixture(config.curriculum_task_weights or config.task_weights)
-        self.robust = _mixture({t: w for t, w in config.task_weights.items() if SPECS[t].category == "robust"})
+        self.streaming_mixture = self.mixture if config.streaming_tasks == "all" else _mixture(
+            {t: w for t, w in config.task_weights.items() if SPECS[t].category == "robust"})
 
     def __len__(self) -> int:
         return self.config.steps
@@ -248,11 +256,10 @@ class Batches(torch.utils.data.Dataset):
         rng = np.random.default_rng([cfg.seed, step])
         length = self.length_at(step, rng)
         after_curriculum = step >= cfg.curriculum_steps
-        robust_tasks = self.robust[0]
-        streaming = bool(
-            robust_tasks and after_curriculum and length > sum(cfg.streaming) and rng.random() < cfg.streaming_fraction
-        )
-        tasks, p = self.robust if streaming else self.mixture if after_curriculum else self.curriculum_mixture
+        streaming = bool(self.streaming_mixture[0] and after_curriculum and length > sum(cfg.streaming)
+                         and rng.random() < cfg.streaming_fraction)
+        tasks, p = (self.streaming_mixture if streaming else self.mixture if after_curriculum
+                    else self.curriculum_mixture)
         batch = cfg.batch_tokens // length
         ids = np.empty((batch, length), dtype=np.int64)
         weights = np.empty((batch, length), dtype=np.float32)
@@ -289,13 +296,13 @@ class Batches(torch.utils.data.Dataset):
         }
 
     def _aux_targets(self, ids: np.ndarray) -> dict[str, np.ndarray]:
-        """Where each needle of ``ids [B, L]`` starts its value (``{key} is {digit}``: questions never have a digit
+        """Where each needle of ``ids [B, L]`` starts its value (``{key} is {number}``: questions never have a number
         there) and which key it belongs to; where questions name a key, and that needle's first value token and its
         position."""
         vocab, length = self.vocab, ids.shape[1]
         keys = np.isin(ids, vocab.key_ids)
         needle = np.zeros_like(keys)
-        needle[:, :-2] = keys[:, :-2] & (ids[:, 1:-1] == self.generator.is_) & np.isin(ids[:, 2:], vocab.digit_ids)
+        needle[:, :-2] = keys[:, :-2] & (ids[:, 1:-1] == self.generator.is_) & np.isin(ids[:, 2:], vocab.number_ids)
         rows, cols = np.nonzero(needle)
         first_value = {(r, ids[r, c]): r * length + c + 2 for r, c in zip(rows, cols)}
         asked_rows, asked_cols = np.nonzero(keys & ~needle)

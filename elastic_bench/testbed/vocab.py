@@ -1,10 +1,12 @@
 """The testbed's word-level vocabulary and tokenizer, built offline from `elastic_bench.testbed.text`.
 
-One token per word (template words, haystack words, pseudo-word keys), per punctuation mark and per digit: numbers are
-split into digits (``1234567`` → ``1 ##2 ##3 … ##7``, WordPiece continuation tokens) so that the model copies answers
-digit by digit and the tokenizer decodes them back without spaces. Every prompt starts with ``<s>``; generation ends
-with ``</s>``. The tokenizer is saved in the usual transformers format (``tokenizer.json``, ``tokenizer_config.json``)
-next to the model and has no chat template.
+One token per word (template words, haystack words, pseudo-word keys) and per punctuation mark; numbers are split into
+pairs of digits from the left (``1234567`` → ``12 ##34 ##56 ##7``, WordPiece continuation tokens), so that the
+tokenizer decodes them back without spaces and a 7-digit value opens with one of 90 tokens: a model that cannot see
+the needle guesses its first token right about 1% of the time, where single digits gave it 11%, which under a sparse
+prefill and a dense decode was enough for the decode steps to complete the rest (TRAINING.md, "Why pairs of digits").
+Every prompt starts with ``<s>``; generation ends with ``</s>``. The tokenizer is saved in the usual transformers
+format (``tokenizer.json``, ``tokenizer_config.json``) next to the model and has no chat template.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from . import text
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
 SPECIALS = (PAD, UNK, BOS, EOS)
 PUNCTUATION = (".", "?", ",")
-DIGITS = tuple(str(d) for d in range(10)) + tuple(f"##{d}" for d in range(10))
+NUMBERS = tuple(f"{n}" for n in range(10)) + tuple(f"{n:02d}" for n in range(100))  # a number's first piece
+NUMBER_PIECES = NUMBERS + tuple(f"##{n}" for n in NUMBERS)  # and its later ones
 
 
 class Vocab:
@@ -38,8 +41,7 @@ class Vocab:
         self.noun_ids = np.array([self.index[w] for w in text.NOUNS], dtype=np.int64)
         self.adjective_ids = np.array([self.index[w] for w in text.ADJECTIVES], dtype=np.int64)
         self.verb_ids = np.array([self.index[w] for w in text.VERBS], dtype=np.int64)
-        self.digit_ids = np.array([self.index[d] for d in DIGITS[:10]], dtype=np.int64)
-        self.continuation_digit_ids = np.array([self.index[d] for d in DIGITS[10:]], dtype=np.int64)
+        self.number_ids = np.array([self.index[n] for n in NUMBERS], dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -65,9 +67,11 @@ class Vocab:
         return ids
 
     def number(self, value: int) -> np.ndarray:
-        """Digit ids of a non-negative integer: first digit, then continuation digits."""
-        digits = [int(c) for c in str(value)]
-        return np.concatenate([self.digit_ids[digits[:1]], self.continuation_digit_ids[digits[1:]]])
+        """Ids of a non-negative integer: its digits in pairs from the left, the first pair a `NUMBERS` token, the
+        others continuation tokens (``1234567`` → ``12 ##34 ##56 ##7``), as the tokenizer splits it."""
+        digits = str(value)
+        pieces = [digits[i : i + 2] for i in range(0, len(digits), 2)]
+        return np.array([self.index[p] for p in [pieces[0], *(f"##{p}" for p in pieces[1:])]], dtype=np.int64)
 
     def decode(self, ids) -> str:
         """Text of ``ids`` (special tokens dropped)."""
@@ -97,7 +101,8 @@ class Vocab:
 
 @lru_cache(maxsize=1)
 def build() -> Vocab:
-    """The testbed vocabulary (~4.3K tokens): specials, punctuation, digits, template words, haystack words, keys."""
+    """The testbed vocabulary (~4.5K tokens): specials, punctuation, number pieces, template words, haystack words,
+    keys."""
     words = [*text.template_words(), *text.NOUNS, *text.ADJECTIVES, *text.VERBS, *text.keys()]
-    ordered = dict.fromkeys([*SPECIALS, *PUNCTUATION, *DIGITS, *words])
+    ordered = dict.fromkeys([*SPECIALS, *PUNCTUATION, *NUMBER_PIECES, *words])
     return Vocab(tuple(ordered))
