@@ -20,7 +20,7 @@ from . import text
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
 SPECIALS = (PAD, UNK, BOS, EOS)
 PUNCTUATION = (".", "?", ",")
-NUMBERS = tuple(f"{n}" for n in range(10)) + tuple(f"{n:02d}" for n in range(100))  # a number's first piece
+NUMBERS = tuple(str(n) for n in range(10)) + tuple(f"{n:02d}" for n in range(100))  # a number's first piece
 NUMBER_PIECES = NUMBERS + tuple(f"##{n}" for n in NUMBERS)  # and its later ones
 
 
