@@ -18,6 +18,7 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m elastic_bench.devtools.imports
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
@@ -25,6 +26,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m elastic_bench.devtools.imports
 
 clean:
 	rm -rf $(VENV) build *.egg-info

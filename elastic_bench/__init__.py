@@ -1,7 +1,8 @@
 """elastic-bench: evaluate long-context sparse-attention methods on real LLMs; reference Elastic Attention.
 
-Public API (imported lazily so that ``elastic_bench.reports`` and the CLI's help need no torch):
-``load_model``, ``apply``, ``methods``, and the subpackages ``kernels``, ``method``, ``tasks``, ``reports``.
+Public API (imported lazily so that ``elastic_bench.reports`` and the CLI's help need no torch): ``load_model``,
+``apply``, ``get_method``, ``method_names``, ``register_method``, ``Method``, ``AttentionCall``, and the subpackages
+``kernels``, ``method``, ``tasks``, ``reports``.
 """
 
 from __future__ import annotations
@@ -11,18 +12,20 @@ import importlib
 __version__ = "0.1.0"
 
 _LAZY = {
-    "load_model": ("elastic_bench.models", "load_model"),
-    "apply": ("elastic_bench.attention", "apply"),
-    "methods": ("elastic_bench.methods", None),
+    "load_model": "elastic_bench.models",
+    "apply": "elastic_bench.attention",
+    "get_method": "elastic_bench.interface",
+    "method_names": "elastic_bench.interface",
+    "register_method": "elastic_bench.interface",
+    "Method": "elastic_bench.interface",
+    "AttentionCall": "elastic_bench.interface",
 }
 
 
 def __getattr__(name: str):
     if name not in _LAZY:
         raise AttributeError(f"module 'elastic_bench' has no attribute {name!r}")
-    module, attr = _LAZY[name]
-    value = importlib.import_module(module)
-    return getattr(value, attr) if attr else value
+    return getattr(importlib.import_module(_LAZY[name]), name)
 
 
 __all__ = ["__version__", *_LAZY]

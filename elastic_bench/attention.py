@@ -14,6 +14,7 @@ Design decisions:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -21,9 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from elastic_bench.kernels import pair_counts
-from elastic_bench.methods import AttentionCall, Method
-from elastic_bench.sparsity import SparsityMeter
+from elastic_bench.interface import AttentionCall, Method
+from elastic_bench.kernels import SparsityMeter, pair_counts, resolve_backend
 
 ATTN_NAME = "elastic_bench"
 _HANDLE = "_elastic_bench_handle"
@@ -91,20 +91,24 @@ class MethodHandle:
     def __init__(self, method: Method, model: nn.Module, backend: str):
         self.method, self.model, self.backend = method, model, backend
         self.meter = SparsityMeter()
+        self.prefill_backends: Counter[str] = Counter()
 
     def reset(self) -> None:
         """Forget the samples recorded so far (call between prompts)."""
         self.meter.reset()
+        self.prefill_backends.clear()
 
     def stats(self) -> dict[str, Any]:
-        """``omega_msr``, ``omega_esr``, ``omega_esr_last_row`` (means over samples), ``per_sample`` values, and the
-        method's own statistics."""
+        """``omega_msr``, ``omega_esr``, ``omega_esr_last_row`` (means over samples), ``per_sample`` values,
+        ``prefill_backends`` (the kernel backend that ran each prefill call since the last reset: name → calls), and
+        the method's own statistics."""
         per_sample = self.meter.per_sample()
         means = {
             key: sum(s[key] for s in per_sample) / len(per_sample) if per_sample else float("nan")
             for key in ("omega_msr", "omega_esr", "omega_esr_last_row")
         }
-        return {**means, "num_samples": len(per_sample), "per_sample": per_sample, **self.method.extra_stats()}
+        return {**means, "num_samples": len(per_sample), "per_sample": per_sample,
+                "prefill_backends": dict(self.prefill_backends), **self.method.extra_stats()}
 
     def decisions(self) -> torch.Tensor:
         """Prefill modes ``[N, L, H]`` (`Mode` values) of the N samples recorded since the last reset."""
@@ -122,9 +126,10 @@ class MethodHandle:
     ) -> torch.Tensor:
         """Plan and compute one layer's attention; returns ``[B, Hq, Lq, D]``."""
         keys = getattr(module, _KEYS, None) if self.method.needs_pre_rope_keys else None
+        route = kwargs.get("training_route")
         pieces = _pieces(query, key, mask, kwargs)
         if pieces is None:
-            call = AttentionCall(module, query, key, value, keys, list(range(query.shape[0])))
+            call = AttentionCall(module, query, key, value, keys, list(range(query.shape[0])), route)
             return self._compute(call, scaling)
         out = torch.zeros_like(query)
         for sample, row, q_sl, k_sl in pieces:
@@ -133,17 +138,19 @@ class MethodHandle:
             sub_keys = keys[row : row + 1, :, q_sl] if keys is not None else None
             call = AttentionCall(
                 module, query[row : row + 1, :, q_sl], key[row : row + 1, :, k_sl], value[row : row + 1, :, k_sl],
-                sub_keys, [sample],
+                sub_keys, [sample], route,
             )
             out[row : row + 1, :, q_sl] = self._compute(call, scaling)
         return out
 
     def _compute(self, call: AttentionCall, scaling: float | None) -> torch.Tensor:
         plan = self.method.plan(call)
+        backend = resolve_backend(self.backend, call.query.device, call.key.shape[2])  # what `auto` runs for this call
         if call.phase != "decode":
             counts = pair_counts(plan, call.query.shape[2], call.key.shape[2], call.query.shape[1])
             self.meter.record(call.layer_idx, call.phase, call.sample_ids, plan, counts)
-        return self.method.attend(call, plan, scaling, self.backend)
+            self.prefill_backends[backend] += 1
+        return self.method.attend(call, plan, scaling, backend)
 
 
 def _pieces(query, key, mask, kwargs) -> list[tuple[int, int, slice, slice]] | None:
@@ -184,7 +191,7 @@ def apply(method: Method, model: nn.Module, backend: str = "auto") -> Iterator[M
     """Run ``model`` with ``method`` inside the block; restores the previous attention implementation on exit.
 
     Args:
-        method: a method from `elastic_bench.methods.get`.
+        method: a method from `elastic_bench.get_method`.
         model: a loaded transformers causal LM.
         backend: kernel backend for `hybrid_attention` (``"auto"``, ``"reference"``, ``"triton"``, ...).
 
@@ -193,7 +200,7 @@ def apply(method: Method, model: nn.Module, backend: str = "auto") -> Iterator[M
 
     Example::
 
-        with apply(methods.get("streaming", local=1024), model) as handle:
+        with apply(get_method("streaming", local=1024), model) as handle:
             model.generate(**inputs, max_new_tokens=32)
         print(handle.stats()["omega_esr"])
     """

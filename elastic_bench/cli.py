@@ -1,36 +1,31 @@
-"""The ``elastic-bench`` command line.
+"""The ``elastic-bench`` command line: every command, in this one module.
 
-Every subcommand has ``--help``; heavy imports happen inside the handlers so help is instant. Errors a user can
-cause (unknown names, bad values, missing files) end with one line on stderr and exit status 2, never a traceback.
+Each command's options come from its config dataclass (`elastic_bench.options`: name, type and default from the
+field, help from the class docstring); the handlers import the pillars' entry points, heavy imports happen inside them
+so that ``--help`` is instant. Errors a user can cause (unknown names, bad values, missing files) end with one line on
+stderr and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import json
+import shlex
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from elastic_bench.options import add_options, command_line, field_help, from_args
 
 
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-def _lengths(value: str) -> list[int]:
-    try:
-        return [_tokens(v) for v in _csv(value)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"lengths must be token counts like 1024,4K,128K; got {value!r}") from None
-
-
-def _tokens(value: str) -> int:
-    value = value.strip().upper()
-    return int(value[:-1]) * 1024 if value.endswith("K") else int(value)
-
-
 def _method_options(items: list[str]) -> dict[str, dict[str, Any]]:
+    """``-O METHOD.OPTION=VALUE`` items as ``{method: {option: value}}`` (values read as YAML scalars)."""
     import yaml
 
     options: dict[str, dict[str, Any]] = {}
@@ -39,88 +34,183 @@ def _method_options(items: list[str]) -> dict[str, dict[str, Any]]:
         method, dot, option = key.partition(".")
         if not sep or not dot or not option:
             raise ValueError(f"method options look like METHOD.OPTION=VALUE (e.g. streaming.local=256); got {item!r}")
-        options.setdefault(method, {})[option] = yaml.safe_load(raw)
+        try:
+            options.setdefault(method, {})[option] = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            options.setdefault(method, {})[option] = raw
     return options
 
 
-# ---- run ---------------------------------------------------------------------------------------------------------
+# ---- configs of the commands that have no pillar config ---------------------------------------------------------
 
 
-def _add_run(sub) -> None:
-    p = sub.add_parser(
-        "run",
-        help="evaluate methods × tasks × lengths on a model and write results",
-        description="Evaluate every (method, task, length) cell on one model. Each cell writes config.json, "
-        "predictions.jsonl and metrics.json under OUTPUT/<model>/<method>/<task>/<length>/; complete cells are "
-        "skipped on re-run and interrupted ones resume.",
-    )
-    p.add_argument("--config", help="YAML file with RunConfig fields; flags below override it")
-    p.add_argument("--model", help="tiny:qwen3, tiny:llama, testbed, a local path or a hub id (default tiny:qwen3)")
-    p.add_argument("--methods", type=_csv, help="comma-separated method names (see `elastic-bench methods`)")
-    p.add_argument(
-        "-O", "--method-option", action="append", default=[], metavar="METHOD.OPTION=VALUE",
-        help="a method knob, e.g. -O streaming.local=256 (repeatable)",
-    )
-    p.add_argument("--tasks", type=_csv, help="comma-separated task or group names (see `elastic-bench tasks`)")
-    p.add_argument("--lengths", type=_lengths, help="comma-separated target lengths in tokens, e.g. 4K,8K")
-    p.add_argument("--limit", type=int, help="samples per task and length")
-    p.add_argument("--seed", type=int, help="sample-generation seed (default 42)")
-    p.add_argument("--output", help="run folder (default runs/latest)")
-    p.add_argument(
-        "--data-dir", help="local directory of benchmark corpora (LongBench, RULER essays/SQuAD/HotpotQA, ...); "
-        "default $ELASTIC_BENCH_DATA, then the Hugging Face hub where it holds the official files",
-    )
-    p.add_argument("--backend", help="kernel backend: auto (default), reference, triton, flex, ...")
-    p.add_argument("--device", help="cuda, cpu, cuda:1, ... (default: cuda when available)")
-    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], help="model dtype")
-    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    p.set_defaults(handler=_run)
+@dataclass
+class DemoConfig:
+    """``elastic-bench demo``: every registered method on the testbed tasks with the shipped testbed model.
+
+    Attributes:
+        output: run folder.
+        limit: samples per task and length.
+        lengths: comma-separated lengths in tokens.
+    """
+
+    output: str = "runs/demo"
+    limit: int = 3
+    lengths: list[int] = field(default_factory=lambda: [1024, 2048, 4096])
+
+
+@dataclass
+class ReportConfig:
+    """``elastic-bench report``.
+
+    Attributes:
+        run_dir: the run folder (the --output of `elastic-bench run`).
+        output: folder for the report files (none: RUN_DIR/report).
+    """
+
+    run_dir: str
+    output: str | None = None
+
+
+@dataclass(kw_only=True)
+class TrainRun:
+    """How a training command runs (what is learned depends on its TrainConfig alone).
+
+    Attributes:
+        max_minutes: stop after this many minutes of training, after a checkpoint; the same command resumes.
+        progress: show a progress bar.
+    """
+
+    max_minutes: float | None = None
+    progress: bool = True
+
+
+@dataclass(kw_only=True)
+class TestbedTrainRun(TrainRun):
+    """How ``elastic-bench testbed train`` runs (the weights depend on the testbed `TrainConfig` alone).
+
+    Attributes:
+        output: folder for checkpoints, the log and the exported model.
+        device: cuda or cpu (none: cuda when available).
+    """
+
+    output: str
+    device: str | None = None
+
+
+@dataclass
+class TestbedDataConfig:
+    """``elastic-bench testbed data``.
+
+    Attributes:
+        output: JSONL file to write.
+        samples: records per task and length.
+        lengths: comma-separated lengths in tokens.
+        seed: record seed (the evaluation prompts use 42).
+    """
+
+    output: str
+    samples: int = 64
+    lengths: list[int] = field(default_factory=lambda: [1024, 2048, 4096])
+    seed: int = 1
+
+
+@dataclass
+class TestbedEvalConfig:
+    """``elastic-bench testbed eval``.
+
+    Attributes:
+        model: testbed, or a folder written by `testbed train`.
+        samples: samples per task and length.
+        lengths: comma-separated lengths in tokens.
+        sink: streaming sink tokens.
+        local: streaming window tokens.
+        output: also write the results to this JSON file.
+        device: cuda or cpu (none: cuda when available).
+    """
+
+    model: str = "testbed"
+    samples: int = 100
+    lengths: list[int] = field(default_factory=lambda: [1024, 2048, 4096])
+    sink: int = 16
+    local: int = 256
+    output: str | None = None
+    device: str | None = None
+
+
+@dataclass
+class TestbedHeadsConfig:
+    """``elastic-bench testbed heads``.
+
+    Attributes:
+        output: TSV file to write.
+        model: testbed, or a folder written by `testbed train`.
+        length: prompt length in tokens.
+        samples: samples per head and task.
+        tasks: comma-separated testbed tasks whose drop makes the gate (default: the sensitive ones).
+        device: cuda or cpu (none: cuda when available).
+    """
+
+    output: str
+    model: str = "testbed"
+    length: int = 2048
+    samples: int = 20
+    tasks: list[str] = field(default_factory=lambda: ["niah_single", "niah_multikey"])
+    device: str | None = None
+
+
+@dataclass
+class TestbedProbeConfig:
+    """``elastic-bench testbed probe``.
+
+    Attributes:
+        model: testbed, or a folder written by `testbed train`.
+        length: prompt length in tokens.
+        samples: prompts.
+        device: cuda or cpu (none: cuda when available).
+    """
+
+    model: str = "testbed"
+    length: int = 1024
+    samples: int = 16
+    device: str | None = None
+
+
+ROUTER_FLAGS = {"targets": "--target", "local": "--local-window"}  # train-router: the flags of the recorded recipes
+
+
+# ---- handlers --------------------------------------------------------------------------------------------------
 
 
 def _run(args) -> int:
     from elastic_bench.runner import RunConfig, format_rows, run
 
-    overrides = {
-        "model": args.model, "methods": args.methods, "tasks": args.tasks, "lengths": args.lengths,
-        "limit": args.limit, "seed": args.seed, "output": args.output, "data_dir": args.data_dir,
-        "backend": args.backend,
-        "device": args.device, "dtype": args.dtype,
-        "method_options": _method_options(args.method_option) or None,
-    }
-    if args.config:
-        config = RunConfig.from_yaml(args.config, **overrides)
-    else:
-        config = RunConfig(**{k: v for k, v in overrides.items() if v is not None})
-    rows = run(config, progress=not args.no_progress)
+    config = from_args(RunConfig, args, method_options=_merged_method_options(args))
+    rows = run(config)
     print(format_rows(rows))
     print(f"results: {config.output} (tables and frontiers: elastic-bench report {config.output})")
     return 0 if all(r["status"] == "complete" for r in rows) else 1
 
 
-# ---- listings ----------------------------------------------------------------------------------------------------
-
-
-def _add_listings(sub) -> None:
-    p = sub.add_parser("methods", help="list registered methods and their options",
-                       description="List the registered sparse-attention methods with their options and defaults.")
-    p.set_defaults(handler=_list_methods)
-    p = sub.add_parser("tasks", help="list registered tasks and groups",
-                       description="List the registered tasks and the groups usable in `run --tasks`.")
-    p.set_defaults(handler=_list_tasks)
+def _merged_method_options(args) -> dict[str, dict[str, Any]]:
+    merged = {name: dict(values) for name, values in args.method_options.items()}  # from --config
+    for name, values in _method_options(args.method_option).items():
+        merged.setdefault(name, {}).update(values)
+    return merged
 
 
 def _list_methods(args) -> int:
     import dataclasses
 
-    from elastic_bench import methods
+    from elastic_bench.interface import REGISTRY, method_names
 
-    for name in methods.names():
-        cls = methods.REGISTRY.get(name)
-        options = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls))
-        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+    for name in method_names():
+        cls = REGISTRY.get(name)
+        doc = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
         print(f"{name:16s} {doc}")
-        if options:
-            print(f"{'':16s}   options: {options}")
+        help_of = field_help(cls)
+        for f in dataclasses.fields(cls):
+            print(f"{'':18s}{f.name}={f.default!r}: {help_of.get(f.name, '')}")
     return 0
 
 
@@ -129,58 +219,168 @@ def _list_tasks(args) -> int:
 
     for name in tasks.names():
         print(name)
-    for group, members in sorted(tasks.GROUPS.items()):
+    for group, members in sorted(tasks.groups().items()):
         print(f"group {group}: {len(members)} tasks")
     return 0
 
 
-# ---- demo --------------------------------------------------------------------------------------------------------
-
-
-def _add_demo(sub) -> None:
-    p = sub.add_parser(
-        "demo", help="a small fixed run on the embedded testbed model",
-        description="Evaluate every registered method on the testbed tasks (sparsity-sensitive and sparsity-robust "
-        "needle and copy tasks) at 1K-4K tokens with the testbed model shipped in the package, on the CPU in a few "
-        "minutes, and print where the results are.",
-    )
-    p.add_argument("--output", default="runs/demo", help="run folder (default runs/demo)")
-    p.add_argument("--limit", type=int, default=3, help="samples per task and length (default 3)")
-    p.add_argument("--lengths", type=_lengths, default=[1024, 2048, 4096], help="lengths in tokens (default 1K,2K,4K)")
-    p.set_defaults(handler=_demo)
-
-
 def _demo(args) -> int:
-    from elastic_bench import methods
+    from elastic_bench.interface import method_names
+    from elastic_bench.reports import load_cells, summarize, write_report
     from elastic_bench.runner import RunConfig, format_rows, run
 
+    demo = from_args(DemoConfig, args)
     # The testbed ships its retrieval-head gates (duo_attention / prulong find them) and its router (elastic).
-    names = methods.names()
     config = RunConfig(
-        model="testbed", methods=names, method_options={"streaming": {"sink": 16, "local": 256}},
-        tasks=["testbed"], lengths=args.lengths, limit=args.limit, output=args.output,
+        model="testbed", methods=method_names(), method_options={"streaming": {"sink": 16, "local": 256}},
+        tasks=["testbed"], lengths=demo.lengths, limit=demo.limit, output=demo.output,
     )
     rows = run(config)
     print(format_rows(rows))
-    from elastic_bench.reports import load_cells, summarize, write_report
-
     report = Path(config.output) / "report"
     write_report(summarize(load_cells(config.output)), report, source=str(config.output))
     print(f"demo results written to {config.output}; report: {report / 'report.html'} and {report / 'report.md'}")
     return 0 if all(r["status"] == "complete" for r in rows) else 1
 
 
-# ---- lm-eval -------------------------------------------------------------------------------------------------------
+def _report(args) -> int:
+    from elastic_bench.reports import load_cells, summarize, write_report
+
+    config = from_args(ReportConfig, args)
+    output = Path(config.output) if config.output else Path(config.run_dir) / "report"
+    written = write_report(summarize(load_cells(config.run_dir)), output, source=config.run_dir)
+    print(f"report written to {output / 'report.html'} and {output / 'report.md'} ({len(written)} files)")
+    return 0
 
 
-def _add_lm_eval(sub) -> None:
-    p = sub.add_parser(
-        "lm-eval", help="run lm-evaluation-harness with a method applied (--model elastic)", add_help=False,
-        description="lm-evaluation-harness's own command line, with the model `elastic` registered: "
-        "`elastic-bench lm-eval run --model elastic --model_args pretrained=M,method=NAME,method_<knob>=V --tasks T`. "
-        "Scores follow lm-eval's protocol, not the official one of `elastic-bench run`. Needs the lm-eval extra.",
-    )
-    p.set_defaults(handler=_lm_eval, passthrough=True)  # every argument goes to lm_eval, --help included
+def _bench_kernel(args) -> int:
+    from elastic_bench.files import write_json
+    from elastic_bench.kernels.bench import KernelBenchConfig, format_table, run_kernel_bench
+    from elastic_bench.provenance import provenance
+
+    config = from_args(KernelBenchConfig, args)
+    report = run_kernel_bench(config)
+    report = {"provenance": provenance(report["device"]), "command": _command(args), **report}
+    print(format_table(report))
+    write_json(config.output, report)
+    print(f"results: {config.output}")
+    return 0
+
+
+def _train_router(args) -> int:
+    import os
+
+    from elastic_bench.method.trainer import TrainConfig, train
+
+    run = from_args(TrainRun, args)
+    result = train(from_args(TrainConfig, args), progress=run.progress, max_minutes=run.max_minutes)
+    if os.environ.get("RANK", "0") != "0":
+        return 0
+    if not result.final_omega:
+        print(f"router training stopped by --max-minutes: {args.output} (rerun the command to resume)")
+        return 0
+    omega = ", ".join(f"{c}: {v:.3f}" for c, v in result.final_omega.items())
+    print(f"routers written to {args.output} (final hard ΩMSR per category: {omega})")
+    return 0
+
+
+def _testbed_train(args) -> int:
+    from elastic_bench.testbed.training.train import TrainConfig, train
+
+    run = from_args(TestbedTrainRun, args)
+    config = from_args(TrainConfig, args)
+    command = shlex.join(["elastic-bench", "testbed", "train", "--output", run.output,
+                          *command_line(TrainConfig, config)])
+    record = train(config, run.output, run.device, run.max_minutes, command, progress=run.progress)
+    state = "complete" if record["complete"] else f"stopped at step {record['steps_done']} (rerun to resume)"
+    print(f"testbed training {state}: {run.output}")
+    if "evaluation" in record:
+        print(json.dumps({k: v["families"] for k, v in record["evaluation"].items() if isinstance(v, dict)
+                          and "families" in v}))
+    return 0
+
+
+def _testbed_data(args) -> int:
+    from elastic_bench.testbed.training.records import write_records
+
+    config = from_args(TestbedDataConfig, args)
+    if config.samples < 1:
+        raise ValueError(f"--samples must be at least 1, got {config.samples}")
+    count = write_records(config.output, config.lengths, config.samples, config.seed)
+    print(f"{count} records written to {config.output}")
+    return 0
+
+
+def _testbed_eval(args) -> int:
+    from elastic_bench.kernels import StreamingGeometry
+    from elastic_bench.models import load_model
+    from elastic_bench.testbed.training.evaluate import exact_match, family_means
+    from elastic_bench.testbed.vocab import build
+
+    config = from_args(TestbedEvalConfig, args)
+    geometry = StreamingGeometry(config.sink, config.local)
+    model, _ = load_model(config.model, device=config.device)
+    vocab = build()
+    results = {}
+    for label, streaming in (("full", None), ("streaming", geometry)):
+        found = exact_match(model, vocab, config.lengths, config.samples, streaming=streaming)
+        results[label] = {"tasks": found, "families": family_means(found)}
+        for task, per_length in found.items():
+            cells = "  ".join(f"{length}: {pct:6.2f}" for length, pct in per_length.items())
+            print(f"{label:9s} {task:24s} {cells}")
+    if config.output:
+        from elastic_bench.files import write_json
+
+        write_json(config.output, {"model": config.model, "samples": config.samples, "sink": config.sink,
+                                   "local": config.local, **results})
+    return 0
+
+
+def _testbed_tasks(names: list[str]) -> tuple[str, ...]:
+    from elastic_bench.testbed.generators import SPECS
+
+    tasks = tuple(t.removeprefix("testbed_") for t in names)
+    unknown = [t for t in tasks if t not in SPECS]
+    if unknown:
+        raise ValueError(f"unknown testbed tasks {unknown}; known: {list(SPECS)}")
+    return tasks
+
+
+def _testbed_heads(args) -> int:
+    from elastic_bench.models import load_model
+    from elastic_bench.testbed.training.heads import ablation_gates, write_gates
+    from elastic_bench.testbed.vocab import build
+
+    config = from_args(TestbedHeadsConfig, args)
+    if config.samples < 1:
+        raise ValueError(f"--samples must be at least 1, got {config.samples}")
+    tasks = _testbed_tasks(config.tasks)
+    model, _ = load_model(config.model, device=config.device)
+    gates = ablation_gates(model, build(), config.length, config.samples, tasks)
+    write_gates(gates, config.output)
+    print(gates.round(2))
+    print(f"head gates written to {config.output}")
+    return 0
+
+
+def _testbed_probe(args) -> int:
+    import numpy as np
+
+    from elastic_bench.models import load_model
+    from elastic_bench.testbed.training.heads import best_head, key_matching
+    from elastic_bench.testbed.vocab import build
+
+    config = from_args(TestbedProbeConfig, args)
+    if config.samples < 1:
+        raise ValueError(f"--samples must be at least 1, got {config.samples}")
+    model, _ = load_model(config.model, device=config.device)
+    selectivity = key_matching(model.float(), build(), config.length, config.samples)
+    with np.printoptions(precision=2, suppress=True, linewidth=160):
+        print(f"key-matching selectivity, layers x query heads ({config.samples} prompts, {config.length} tokens):")
+        print(selectivity)
+    best = best_head(selectivity)
+    print(f"best head: layer {best['layer']}, query head {best['head']}, selectivity {best['selectivity']:.3f}")
+    return 0
 
 
 def _lm_eval(args) -> int:
@@ -191,51 +391,193 @@ def _lm_eval(args) -> int:
     return cli(args.passthrough_args)
 
 
-# ---- entry point -------------------------------------------------------------------------------------------------
-
-COMMANDS: list[Callable[[Any], None]] = [_add_run, _add_listings, _add_demo, _add_lm_eval]
-# Subcommands defined next to the code they drive, as "module:function" (the function adds its parser; the module
-# must import nothing heavy at import time).
-PLUGIN_COMMANDS: tuple[str, ...] = (
-    "elastic_bench.testbed.cli:add_cli",
-    "elastic_bench.kernels.bench:add_cli",
-    "elastic_bench.method.cli:add_cli",
-    "elastic_bench.reports.cli:add_cli",
-)
+def _command(args) -> str:
+    return "elastic-bench " + shlex.join(args.argv)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+# ---- the parser ------------------------------------------------------------------------------------------------
+
+
+# Each command's config classes, in the order their options are added: classes of this module, or "module:Class"
+# for those of the pillars (imported only for the command being parsed: they import torch).
+CONFIGS: dict[str, tuple[type | str, ...]] = {
+    "run": ("elastic_bench.runner:RunConfig",),
+    "demo": (DemoConfig,),
+    "report": (ReportConfig,),
+    "bench kernel": ("elastic_bench.kernels.bench:KernelBenchConfig",),
+    "train-router": ("elastic_bench.method.trainer:TrainConfig", TrainRun),
+    "testbed train": (TestbedTrainRun, "elastic_bench.testbed.training.train:TrainConfig"),
+    "testbed data": (TestbedDataConfig,),
+    "testbed eval": (TestbedEvalConfig,),
+    "testbed heads": (TestbedHeadsConfig,),
+    "testbed probe": (TestbedProbeConfig,),
+}
+
+
+def config_classes(command: str) -> list[type]:
+    """The config classes of ``command`` (e.g. ``"testbed train"``)."""
+    import importlib
+
+    found = []
+    for entry in CONFIGS[command]:
+        if isinstance(entry, str):
+            module, _, name = entry.partition(":")
+            entry = getattr(importlib.import_module(module), name)
+        found.append(entry)
+    return found
+
+
+SKIPPED = {"run": ("method_options",)}  # given as -O METHOD.OPTION=VALUE (and in --config files)
+FLAGS = {"train-router": ROUTER_FLAGS}
+POSITIONAL = {"report": ("run_dir",)}
+
+DESCRIPTIONS: dict[str, tuple[str, str, Callable[[Any], int]]] = {
+    "run": ("evaluate methods × tasks × lengths on a model and write results",
+            "Evaluate every (method, task, length) cell on one model. Each cell writes config.json, predictions.jsonl "
+            "and metrics.json under OUTPUT/<model>/<method>/<task>/<length>/; complete cells are skipped on re-run "
+            "and interrupted ones resume. --config FILE.yaml sets RunConfig fields; flags override it.", _run),
+    "demo": ("a small fixed run on the embedded testbed model",
+             "Evaluate every registered method on the testbed tasks (sparsity-sensitive and sparsity-robust needle "
+             "and copy tasks) at 1K-4K tokens with the testbed model shipped in the package, on the CPU in a few "
+             "minutes, render the report and print where the results are.", _demo),
+    "report": ("tables, Pareto frontiers and plots of a run folder (Markdown and HTML)",
+               "Read every cell of a run folder (<model>/<method>/<task>/<length>/metrics.json, as written by "
+               "`elastic-bench run` or `demo`) and write report.md, report.html and one SVG per frontier. Methods of "
+               "a model are compared on the cells all of them completed: mean score per task and length, ΩMSR, ΩESR, "
+               "prefill time, speedup vs the `full` method, and the Pareto frontiers of score vs ΩESR and score vs "
+               "speedup.", _report),
+    "bench kernel": ("time hybrid-attention backends against dense SDPA and FlexAttention",
+                     "Time every hybrid-attention backend available on the device, dense "
+                     "scaled_dot_product_attention and the XAttention estimation. Prints a table (ms, effective "
+                     "TFLOP/s on attended pairs, speedup vs dense SDPA and vs flex) and writes JSON with the versions "
+                     "and the device.", _bench_kernel),
+    "train-router": ("train Elastic Attention routers (frozen backbone)",
+                     "Train one Attention Router per layer of a frozen model, with per-category Lagrangian sparsity "
+                     "targets (Elastic Attention, arXiv 2601.17367). Writes router.safetensors + router_config.json, "
+                     "train_log.jsonl and a resume state to OUTPUT; re-running the same command resumes. Runs on one "
+                     "device, or under `torchrun --nproc-per-node N -m elastic_bench train-router ...` with FSDP2 "
+                     "over the backbone.", _train_router),
+    "testbed train": ("train the testbed model from scratch",
+                      "Train the testbed model: word-level tokenizer, task generators, context curriculum 256 → 4096, "
+                      "bf16 on the GPU; the defaults are the shipped checkpoint's recipe. Deterministic from --seed "
+                      "(deterministic kernels). Writes checkpoints, a log, and at the end the model (config.json, "
+                      "model.safetensors in bf16, tokenizer files) and TRAINING.json (command, versions, exact-match "
+                      "accuracies with full and streaming attention). Rerunning with the same --output resumes.",
+                      _testbed_train),
+    "testbed data": ("write router-training records (JSONL) from the testbed tasks",
+                     "Write {prompt, answer, category} records (category: sensitive or robust) from every testbed "
+                     "task, for `elastic-bench train-router --model testbed`. Seeds differ from the evaluation "
+                     "prompts'.", _testbed_data),
+    "testbed eval": ("exact-match accuracy of a testbed model with full and streaming attention",
+                     "Teacher-forced greedy exact match on every testbed task (the prompts of `elastic-bench run "
+                     "--tasks testbed`), batched: with full attention, and with sink + window streaming on every head "
+                     "over the prompt and dense answer positions (a streaming prefill, then dense decode, as the "
+                     "harness runs it).", _testbed_eval),
+    "testbed heads": ("find the retrieval heads by ablation and write DuoAttention-layout head gates",
+                      "Switch each KV head alone to streaming (sink 16, window 256) and write the largest relative "
+                      "drop of exact match over --tasks as its gate (TSV, layers × KV heads), usable as "
+                      "-O duo_attention.pattern=FILE.", _testbed_heads),
+    "testbed probe": ("does a testbed model find a needle by its key? (per-head key-matching selectivity)",
+                      "At the question's key token of niah_multikey prompts, the attention mass each query head puts "
+                      "on the queried needle minus its mean mass on a distractor needle (layers × query heads). A "
+                      "model that retrieves by key has a head near 1; one that picks a needle by position has none.",
+                      _testbed_probe),
+}
+GROUPS = {"bench": "micro-benchmarks that print a table and write JSON",
+          "testbed": "train, evaluate and make router data for the testbed model (a 6-layer Llama trained by "
+                     "elastic-bench on synthetic long-context tasks, shipped as --model testbed)"}
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line (the command's name, the error, where to look), exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The ``elastic-bench`` parser, and the parser of each command by name (``"testbed train"``, ...).
+
+    With ``argv``, only the command it names gets its options (the config classes of the others import torch, and
+    ``--help`` should be instant); without, every command does."""
+    parser = _Parser(
         prog="elastic-bench",
         description="Evaluate long-context sparse-attention methods (Elastic Attention, DuoAttention, PruLong, "
         "XAttention, streaming, full) on real LLMs with official scoring and exact sparsity accounting.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in COMMANDS:
-        add(sub)
-    for spec in PLUGIN_COMMANDS:
-        module, _, function = spec.partition(":")
-        getattr(importlib.import_module(module), function)(sub)
-    return parser
+    groups: dict[str, Any] = {}
+    words = [w for w in argv if not w.startswith("-")][:2] if argv is not None else None
+    commands: dict[str, argparse.ArgumentParser] = {}
+    for name, (help_text, description, handler) in DESCRIPTIONS.items():
+        group, _, leaf = name.rpartition(" ")
+        if group and group not in groups:
+            groups[group] = sub.add_parser(group, help=GROUPS[group], description=GROUPS[group]).add_subparsers(
+                dest="subcommand", required=True, metavar="SUBCOMMAND")
+        p = (groups[group] if group else sub).add_parser(leaf, help=help_text, description=description)
+        p.set_defaults(handler=handler)
+        commands[name] = p
+        if words is not None and words[: len(name.split())] != name.split():
+            continue
+        for cls in config_classes(name):
+            positional = POSITIONAL.get(name, ())
+            for field_name in positional:
+                p.add_argument(field_name, help=field_help(cls)[field_name])
+            add_options(p, cls, skip=(*SKIPPED.get(name, ()), *positional), flags=FLAGS.get(name))
+    run = commands["run"]
+    run.add_argument("--config", help="YAML file of RunConfig fields; flags given with it override its values")
+    run.add_argument("-O", "--method-option", action="append", default=[], metavar="METHOD.OPTION=VALUE",
+                     help="a method knob, e.g. -O streaming.local=256 (repeatable; see `elastic-bench methods`)")
+    run.set_defaults(method_options={})
+    sub.add_parser("methods", help="list registered methods and their options",
+                   description="List the registered sparse-attention methods with their options and defaults."
+                   ).set_defaults(handler=_list_methods)
+    sub.add_parser("tasks", help="list registered tasks and groups",
+                   description="List the registered tasks and the groups usable in `run --tasks`."
+                   ).set_defaults(handler=_list_tasks)
+    lm_eval = sub.add_parser(
+        "lm-eval", help="run lm-evaluation-harness with a method applied (--model elastic)", add_help=False,
+        description="lm-evaluation-harness's own command line, with the model `elastic` registered: "
+        "`elastic-bench lm-eval run --model elastic --model_args pretrained=M,method=NAME,method_<knob>=V --tasks T`. "
+        "Scores follow lm-eval's protocol, not the official one of `elastic-bench run`. Needs the lm-eval extra.",
+    )
+    lm_eval.set_defaults(handler=_lm_eval, passthrough=True)  # every argument goes to lm_eval, --help included
+    return parser, commands
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser, commands = build_parser(argv)
     args, extra = parser.parse_known_args(argv)
     if getattr(args, "passthrough", False):
         args.passthrough_args = extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    elif getattr(args, "config", None):  # the file's values become the defaults the flags override
+        from elastic_bench.runner import RunConfig
+
+        values = RunConfig.from_yaml(args.config)
+        commands["run"].set_defaults(**values)
+        args = parser.parse_args(argv)
+    args.argv = argv
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
     from elastic_bench.registry import UnknownNameError
 
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        args = _parse(argv)
         return args.handler(args)
-    except (UnknownNameError, ValueError, FileNotFoundError, NotImplementedError) as err:
+    except (UnknownNameError, ValueError, FileNotFoundError, NotImplementedError, ImportError) as err:
         print(f"elastic-bench: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("elastic-bench: interrupted; results written so far are kept", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of a listing went away (`elastic-bench methods | head`)
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

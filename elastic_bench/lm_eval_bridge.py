@@ -17,8 +17,8 @@ import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from elastic_bench import methods
 from elastic_bench.attention import apply
+from elastic_bench.interface import get_method
 from elastic_bench.models import load_model
 
 
@@ -37,7 +37,7 @@ class ElasticLM(HFLM):
     def __init__(self, pretrained: str = "tiny:qwen3", method: str = "full", backend: str = "auto",
                  dtype: str | None = None, device: str | None = None, **kwargs: Any):
         knobs = {key.removeprefix("method_"): kwargs.pop(key) for key in list(kwargs) if key.startswith("method_")}
-        self.method = methods.get(method, **knobs)
+        self.method = get_method(method, **knobs)
         model, tokenizer = load_model(str(pretrained), dtype=getattr(torch, dtype) if dtype else None, device=device)
         self._applied = apply(self.method, model, backend=backend)
         self.handle = self._applied.__enter__()

@@ -9,20 +9,10 @@ scored, so an interrupted cell resumes where it stopped; under ``torchrun`` each
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-
-def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (temporary file in the same folder, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2, default=str)
-        f.write("\n")
-    os.replace(tmp, path)
+from elastic_bench.files import append_jsonl, read_jsonl, write_json, write_jsonl
 
 
 class Cell:
@@ -54,16 +44,7 @@ class Cell:
 
     def predictions(self) -> list[dict[str, Any]]:
         """Predictions written so far (rank shards included); a torn last line (an interrupted write) is dropped."""
-        records = []
-        for path in self._prediction_files():
-            if not path.exists():
-                continue
-            for line in path.read_text().splitlines():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError:
-                    break
-        return records
+        return [record for path in self._prediction_files() for record in read_jsonl(path)]
 
     def start(self, config: dict[str, Any]) -> None:
         """Write ``config.json`` and rewrite the predictions kept from an earlier interrupted attempt as one clean
@@ -75,11 +56,7 @@ class Cell:
 
     def append(self, record: dict[str, Any], rank: int | None = None) -> None:
         """Append one prediction (to this rank's shard under ``torchrun``)."""
-        path = self.predictions_path if rank is None else self.dir / f"predictions.rank{rank}.jsonl"
-        with open(path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_jsonl(self.predictions_path if rank is None else self.dir / f"predictions.rank{rank}.jsonl", record)
 
     def merge(self, order: list[str] | None = None) -> list[dict[str, Any]]:
         """Fold rank shards into ``predictions.jsonl`` (sorted by sample ``order`` when given); return the records."""
@@ -87,10 +64,7 @@ class Cell:
         if order is not None:
             position = {sample_id: i for i, sample_id in enumerate(order)}
             records.sort(key=lambda r: position.get(r["id"], len(position)))
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.predictions_path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-        os.replace(tmp, self.predictions_path)
+        write_jsonl(self.predictions_path, records)
         for shard in self._prediction_files()[1:]:
             shard.unlink()
         return records

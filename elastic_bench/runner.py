@@ -1,8 +1,8 @@
 """The evaluation runner: cells = model × method × task × length, each written to the results store.
 
 Design decisions:
-- Config layering: `RunConfig` defaults → YAML file → CLI overrides, validated in ``__post_init__`` (unknown
-  methods, method options and tasks fail before the model loads).
+- Config layering: `RunConfig` defaults → YAML file → command-line flags, each value type-checked, the whole validated
+  in ``__post_init__`` (unknown methods, method options, tasks and backends fail before the model loads).
 - Samples of a (task, length) are generated once and shared by every method, so methods see identical prompts.
 - One prompt at a time (batch 1, the paper's setting), greedy, with the prefill timed on its own.
 - Under ``torchrun`` every rank (one GPU each) takes every W-th remaining sample of a cell; rank 0 merges the
@@ -13,18 +13,21 @@ Design decisions:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
-from elastic_bench import methods
 from elastic_bench import tasks as task_registry
+from elastic_bench.interface import Method, get_method
+from elastic_bench.kernels import backend_names
+from elastic_bench.options import check_fields
+from elastic_bench.registry import did_you_mean
 from elastic_bench.results import Cell
 
 # Per-sample values averaged into a cell's metrics.
@@ -33,20 +36,25 @@ MEANS = ("omega_msr", "omega_esr", "omega_esr_last_row", "prefill_seconds")
 
 @dataclass
 class RunConfig:
-    """What to evaluate.
+    """What to evaluate (the options of ``elastic-bench run``; a ``--config`` YAML file holds the same fields).
 
     Attributes:
-        model: model spec (``tiny:qwen3``, ``testbed``, a local path or hub id).
-        methods: method names.
-        method_options: per-method knobs, ``{"streaming": {"local": 256}}``.
-        tasks: task or group names.
-        lengths: target lengths in tokens (prompt plus generation budget).
-        limit: samples per (task, length); None = the task's default.
+        model: tiny:qwen3, tiny:llama, testbed, random:llama-3.1-8b, random:qwen3-8b, a local model folder or a hub id.
+        methods: comma-separated method names (see `elastic-bench methods`).
+        method_options: per-method knobs, ``{"streaming": {"local": 256}}`` (on the command line: ``-O
+            streaming.local=256``).
+        tasks: comma-separated task or group names (see `elastic-bench tasks`).
+        lengths: comma-separated target lengths in tokens, prompt plus generation budget (e.g. 4K,8K).
+        limit: samples per task and length (none: the task's default).
         seed: sample-generation seed.
-        output: run folder; results go to ``<output>/<model>/<method>/<task>/<length>/``.
-        data_dir: local directory of benchmark corpora (None: ``$ELASTIC_BENCH_DATA``, then the Hugging Face hub).
-        backend: kernel backend (``auto``, ``reference``, ``triton``, ``flex``, ...).
-        device, dtype: where and in which precision the model runs (CUDA/bf16 when available).
+        output: run folder; results go to OUTPUT/<model>/<method>/<task>/<length>/.
+        data_dir: local folder of benchmark corpora (LongBench, RULER essays/SQuAD/HotpotQA, ...); none:
+            $ELASTIC_BENCH_DATA, then the Hugging Face hub where it holds the official files.
+        backend: attention kernel backend: auto, reference, triton, split, flex, ... (`auto`: the fastest available
+            for each call).
+        device: cuda, cpu, cuda:1, ... (none: cuda when available).
+        dtype: model weights dtype (none: bfloat16 on CUDA, float32 on the CPU).
+        progress: show progress bars.
     """
 
     model: str = "tiny:qwen3"
@@ -60,7 +68,8 @@ class RunConfig:
     data_dir: str | None = None
     backend: str = "auto"
     device: str | None = None
-    dtype: str | None = None
+    dtype: Literal["bfloat16", "float16", "float32"] | None = None
+    progress: bool = True
 
     def __post_init__(self):
         if not self.methods or not self.tasks or not self.lengths:
@@ -74,25 +83,31 @@ class RunConfig:
                 raise ValueError(f"options given for method {name!r}, which is not in methods {self.methods}")
         if self.dtype not in (None, "bfloat16", "float16", "float32"):
             raise ValueError(f"dtype must be bfloat16, float16 or float32, got {self.dtype!r}")
+        if self.backend != "auto" and self.backend not in backend_names():
+            raise did_you_mean("attention backend", self.backend, ["auto", *backend_names()])
         self.build_methods()
         task_registry.expand(self.tasks)
 
-    def build_methods(self) -> list[methods.Method]:
-        return [methods.get(name, **self.method_options.get(name, {})) for name in self.methods]
+    def build_methods(self) -> list[Method]:
+        return [get_method(name, **self.method_options.get(name, {})) for name in self.methods]
 
     @classmethod
-    def from_yaml(cls, path: str | Path, **overrides: Any) -> RunConfig:
-        """Load a YAML config; non-None ``overrides`` replace its values."""
-        data = yaml.safe_load(Path(path).read_text()) or {}
-        valid = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - valid
-        if unknown:
-            raise ValueError(f"{path}: unknown config keys {sorted(unknown)}; valid keys: {sorted(valid)}")
-        data.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**data)
+    def from_yaml(cls, path: str | Path) -> dict[str, Any]:
+        """The fields set in a YAML file, each checked against its type (one clear error per bad value)."""
+        try:
+            data = yaml.safe_load(Path(path).read_text())
+        except OSError as err:
+            raise FileNotFoundError(f"cannot read config {path}: {err.strerror}") from None
+        except yaml.YAMLError as err:
+            raise ValueError(f"{path} is not valid YAML: {str(err).splitlines()[0]}") from None
+        if data is None:
+            return {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path} must hold a mapping of RunConfig fields, got {type(data).__name__}")
+        return check_fields(cls, data, str(path))
 
 
-def run(config: RunConfig, progress: bool = True) -> list[dict[str, Any]]:
+def run(config: RunConfig) -> list[dict[str, Any]]:
     """Run every cell of ``config`` not yet complete; return one summary row per cell."""
     import torch
 
@@ -102,7 +117,7 @@ def run(config: RunConfig, progress: bool = True) -> list[dict[str, Any]]:
     built = config.build_methods()
     task_names = task_registry.expand(config.tasks)
 
-    def cell_of(method: methods.Method, task_name: str, length: int) -> Cell:
+    def cell_of(method: Method, task_name: str, length: int) -> Cell:
         return Cell(config.output, model_label(config.model), method.label(), task_name, length)
 
     for task_name in task_names:  # before any work: an output folder never mixes two configurations
@@ -130,7 +145,7 @@ def run(config: RunConfig, progress: bool = True) -> list[dict[str, Any]]:
                     if ranks.is_main:
                         _fail(cell, config, method, error)
                 else:
-                    _run_cell(model, tokenizer, task, samples, method, cell, config, stop_ids, progress, ranks)
+                    _run_cell(model, tokenizer, task, samples, method, cell, config, stop_ids, ranks)
             rows.extend(summary_row(cell) for cell in cells)
     return rows
 
@@ -143,7 +158,7 @@ def _stop_ids(model, tokenizer) -> set[int]:
     return ids
 
 
-def _identity(config: RunConfig, method: methods.Method) -> dict[str, Any]:
+def _identity(config: RunConfig, method: Method) -> dict[str, Any]:
     """What a cell's results depend on beyond its folder's path (JSON-normalised, as stored in ``config.json``)."""
     return json.loads(json.dumps({"model": config.model, "method_options": method.options(), "seed": config.seed,
                                   "limit": config.limit, "dtype": config.dtype}, default=str))
@@ -162,7 +177,7 @@ def _check_same_run(cell: Cell, identity: dict[str, Any]) -> None:
                          "use another --output or delete that folder")
 
 
-def _cell_config(config: RunConfig, method: methods.Method, task: str, length: int, n: int) -> dict[str, Any]:
+def _cell_config(config: RunConfig, method: Method, task: str, length: int, n: int) -> dict[str, Any]:
     from elastic_bench.provenance import provenance
 
     return {
@@ -176,12 +191,11 @@ def _cell_config(config: RunConfig, method: methods.Method, task: str, length: i
     }
 
 
-def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunConfig, stop_ids, progress, ranks):
+def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunConfig, stop_ids, ranks):
     import torch
     from tqdm.auto import tqdm
 
     from elastic_bench.attention import apply
-    from elastic_bench.kernels import resolve_backend
 
     if ranks.is_main:
         cell.start(_cell_config(config, method, task.name, cell.length, len(samples)))
@@ -193,7 +207,8 @@ def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunCo
     error = None
     try:
         with apply(method, model, backend=config.backend) as handle:
-            for sample in tqdm(mine, desc=desc, disable=not (progress and ranks.is_main), leave=False, file=sys.stderr):
+            shown = config.progress and ranks.is_main
+            for sample in tqdm(mine, desc=desc, disable=not shown, leave=False, file=sys.stderr):
                 cell.append(_predict(model, tokenizer, task, sample, handle, stop_ids), shard)
     except torch.cuda.OutOfMemoryError:
         error = f"out of memory at {cell.length} tokens (rank {ranks.rank})"
@@ -211,7 +226,7 @@ def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunCo
                     **_cell_config(config, method, task.name, cell.length, len(records)),
                     "status": "complete",
                     "method_label": method.label(),
-                    "backend_used": resolve_backend(config.backend, next(model.parameters()).device, cell.length),
+                    **backends_used(records),
                     "world_size": ranks.world_size,
                     **task.aggregate(records),
                     **{key: _mean(records, key) for key in MEANS},
@@ -236,6 +251,7 @@ def _predict(model, tokenizer, task, sample, handle, stop_ids) -> dict[str, Any]
             break
         earlier.append(prediction)
         sample = follow_up
+    stats = handle.stats()
     return {
         "id": sample.id,
         "prediction": prediction,
@@ -247,9 +263,20 @@ def _predict(model, tokenizer, task, sample, handle, stop_ids) -> dict[str, Any]
         "output_tokens": len(gen.tokens),
         "prefill_seconds": gen.prefill_seconds,
         "decode_seconds": gen.decode_seconds,
-        **handle.stats()["per_sample"][0],
+        **stats["per_sample"][0],
+        "backend": "+".join(sorted(stats["prefill_backends"])),
         "decisions": handle.decisions()[0].tolist(),
     }
+
+
+def backends_used(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """``backend_used``: the kernel backend that ran the cell's prefills (the most frequent one, where they differ),
+    and ``backend_counts`` (backend → predictions) where they differ."""
+    counts = Counter(r["backend"] for r in records)
+    if not counts:
+        return {"backend_used": None}
+    used = {"backend_used": counts.most_common(1)[0][0]}
+    return used | ({"backend_counts": dict(counts)} if len(counts) > 1 else {})
 
 
 def _mean(records: list[dict[str, Any]], key: str) -> float:
@@ -257,7 +284,7 @@ def _mean(records: list[dict[str, Any]], key: str) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def _fail(cell: Cell, config: RunConfig, method: methods.Method, error: str) -> None:
+def _fail(cell: Cell, config: RunConfig, method: Method, error: str) -> None:
     print(f"elastic-bench: cell {cell.dir} failed: {error}", file=sys.stderr)
     cell.dir.mkdir(parents=True, exist_ok=True)
     done = len(cell.predictions())

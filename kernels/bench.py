@@ -1,4 +1,5 @@
-"""``elastic-bench bench kernel``: time the hybrid-attention backends on the cells of `reference/kernels.md` §11.
+"""``elastic-bench bench kernel``: time the hybrid-attention backends and the XAttention estimation at the shape of
+Llama-3.1-8B (32 query / 8 KV heads, head_dim 128, bf16).
 
 Design decisions:
 - One run times every requested backend and dense `scaled_dot_product_attention` on the same inputs, so every ratio
@@ -18,28 +19,44 @@ Design decisions:
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-CELLS: dict[str, str] = {
-    "dense": "all KV heads FULL",
-    "streaming": "all KV heads STREAMING (sink + local, block geometry)",
-    "fa-ssa": "KV heads 0, 2, 4, … FULL, 1, 3, 5, … STREAMING",
-    "block-sparse": "all KV heads BLOCK_SPARSE: first + diagonal + random blocks, --density of the causal blocks",
-    "three-way": "KV heads F S B F S B S B (2 FULL / 3 STREAMING / 3 BLOCK_SPARSE for 8 KV heads)",
-    "xattention": "XAttention estimation alone (stride 16, τ 0.9): scoring + selection + CSR",
-}
+CELLS = ("dense", "streaming", "fa-ssa", "block-sparse", "three-way", "xattention")  # see KernelBenchConfig.cells
 _PATTERNS = {"dense": "F", "streaming": "S", "fa-ssa": "FS", "block-sparse": "B", "three-way": "FSBFSBSB"}
 
 
 @dataclass
 class KernelBenchConfig:
-    """What ``bench kernel`` measures (defaults: the shape of Llama-3.1-8B, as `reference/kernels.md` §11)."""
+    """What ``bench kernel`` measures (defaults: the attention shape of Llama-3.1-8B).
+
+    Attributes:
+        lengths: comma-separated sequence lengths in tokens (e.g. 8K,32K,128K).
+        cells: comma-separated plans to time: dense (all KV heads FULL), streaming (all STREAMING, sink + local in
+            block geometry), fa-ssa (even KV heads FULL, odd STREAMING), block-sparse (all BLOCK_SPARSE: first,
+            diagonal and random blocks, `density` of the causal blocks), three-way (KV heads F S B F S B S B),
+            xattention (the XAttention estimation alone: scoring, selection, CSR; stride 16, τ 0.9).
+        backends: comma-separated backends (none: every one available on the device); dense SDPA always runs.
+        batch: batch size.
+        query_heads: query heads.
+        kv_heads: KV heads.
+        head_dim: head dimension.
+        dtype: input dtype.
+        density: block-sparse density of the causal blocks.
+        sink: streaming sink tokens.
+        local: streaming local-window tokens.
+        check: compare every backend with the reference backend (relative error) and the XAttention selections with
+            the reference selection.
+        check_max: the longest length checked.
+        repeats: most timed calls per measurement.
+        seed: seed of the random inputs and block selections.
+        device: cuda, cpu, cuda:1, ... (none: cuda when available).
+        output: JSON file the results are written to.
+        progress: show a progress bar.
+    """
 
     lengths: list[int] = field(default_factory=lambda: [8192, 16384, 32768, 65536, 131072])
     cells: list[str] = field(default_factory=lambda: list(CELLS))
@@ -48,7 +65,7 @@ class KernelBenchConfig:
     query_heads: int = 32
     kv_heads: int = 8
     head_dim: int = 128
-    dtype: str = "bfloat16"
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     density: float = 0.1
     sink: int = 128
     local: int = 2048
@@ -57,6 +74,8 @@ class KernelBenchConfig:
     repeats: int = 10
     seed: int = 0
     device: str | None = None
+    output: str = "runs/bench/kernel.json"
+    progress: bool = True
 
     def __post_init__(self):
         unknown = [c for c in self.cells if c not in CELLS]
@@ -145,8 +164,8 @@ def _rel_error(out, ref) -> float:
     return float((out.float() - ref.float()).norm() / ref.float().norm().clamp(min=1e-30))
 
 
-def run_kernel_bench(cfg: KernelBenchConfig, progress: bool = True) -> dict[str, Any]:
-    """Run the benchmark; returns ``{"provenance", "config", "results": [record, ...]}``.
+def run_kernel_bench(cfg: KernelBenchConfig) -> dict[str, Any]:
+    """Run the benchmark; returns ``{"device", "config", "results": [record, ...]}``.
 
     A record has ``length, cell, backend, ms`` and, where they apply, ``tflops`` (effective, attended pairs),
     ``speedup_vs_sdpa``, ``speedup_vs_flex``, ``prep_ms``, ``peak_gib``, ``rel_error`` (vs reference), ``error`` (a
@@ -155,8 +174,6 @@ def run_kernel_bench(cfg: KernelBenchConfig, progress: bool = True) -> dict[str,
     """
     import torch
     from tqdm import tqdm
-
-    from elastic_bench.provenance import provenance
 
     from .hybrid import available_backends
 
@@ -169,14 +186,13 @@ def run_kernel_bench(cfg: KernelBenchConfig, progress: bool = True) -> dict[str,
     xa_backends = ["triton", "gemm", "reference"] if device.type == "cuda" and "triton" in usable else ["reference"]
     attention_cells = [c for c in cfg.cells if c != "xattention"]
     steps = len(cfg.lengths) * (1 + len(attention_cells) * len(backends) + ("xattention" in cfg.cells))
-    bar = tqdm(total=steps, desc="bench kernel", disable=not progress, file=sys.stderr)
+    bar = tqdm(total=steps, desc="bench kernel", disable=not cfg.progress, file=sys.stderr)
     records: list[dict[str, Any]] = []
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     for length in cfg.lengths:
         records += _bench_length(cfg, length, backends, xa_backends, device, gen, bar)
     bar.close()
-    return {"provenance": provenance(device), "command": "elastic-bench " + " ".join(sys.argv[1:]),
-            "config": asdict(cfg), "results": records}
+    return {"device": str(device), "config": asdict(cfg), "results": records}
 
 
 def _bench_length(cfg: KernelBenchConfig, length: int, backends, xa_backends, device, gen, bar) -> list[dict[str, Any]]:
@@ -184,7 +200,7 @@ def _bench_length(cfg: KernelBenchConfig, length: int, backends, xa_backends, de
     import torch
     import torch.nn.functional as F
 
-    from . import hybrid_attention
+    from .hybrid import hybrid_attention
     from .sparsity import pair_counts
 
     records: list[dict[str, Any]] = []
@@ -271,7 +287,7 @@ def _bench_xattention(q, k, length, xa_backends, checking, sdpa_ms, cfg, device)
 def _measure_backend(backend, q, k, v, plan, scale, ref, flops, sdpa_ms, cfg, device) -> dict[str, Any]:
     import torch
 
-    from . import flex, hybrid_attention
+    from .hybrid import flex, hybrid_attention
 
     record: dict[str, Any] = {}
     if backend == "flex":
@@ -304,7 +320,7 @@ def _causal_blocks(length: int) -> int:
 
 
 def format_table(report: dict[str, Any]) -> str:
-    """Plain-text table of a `run_kernel_bench` report."""
+    """Plain-text table of a `run_kernel_bench` report (with its ``provenance`` added by the command line)."""
     head = f"{'length':>7} {'cell':13} {'backend':17} {'ms':>10} {'TFLOP/s':>8} {'xSDPA':>7} {'xflex':>6} {'err':>8} " \
            f"{'GiB':>6}  note"
     lines = [head, "-" * len(head)]
@@ -333,61 +349,3 @@ def format_table(report: dict[str, Any]) -> str:
     code = f"code {prov.get('git_hash') or 'outside git'}, source digest {prov.get('source_digest')}"
     lines.append(f"{prov['date']} · {prov['device']} · {versions} · {code}")
     return "\n".join(lines)
-
-
-# ---- command line --------------------------------------------------------------------------------------------------
-
-
-def add_cli(sub) -> None:
-    """Add ``bench kernel`` to the ``elastic-bench`` subcommands."""
-    from elastic_bench.cli import _csv, _lengths
-
-    bench = sub.add_parser("bench", help="micro-benchmarks (kernel)", description="Micro-benchmarks that print a table "
-                           "and write JSON.")
-    bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
-    p = bench_sub.add_parser(
-        "kernel",
-        help="time hybrid-attention backends against dense SDPA and FlexAttention",
-        description="Time every hybrid-attention backend available on the device, dense scaled_dot_product_attention "
-        "and the XAttention estimation on the cells of reference/kernels.md: "
-        + "; ".join(f"{k}: {v}" for k, v in CELLS.items())
-        + ". Prints a table (ms, effective TFLOP/s on attended pairs, speedup vs dense SDPA and vs flex) and writes "
-        "JSON with the versions and the device.",
-    )
-    p.add_argument("--lengths", type=_lengths, default=None,
-                   help="comma-separated sequence lengths, e.g. 8K,32K,128K (default 8K,16K,32K,64K,128K)")
-    p.add_argument("--cells", type=_csv, default=None, help=f"comma-separated cells (default all): {', '.join(CELLS)}")
-    p.add_argument("--backends", type=_csv, default=None,
-                   help="comma-separated backends (default: every one available on the device; dense SDPA always runs)")
-    p.add_argument("--output", default="runs/bench/kernel.json", help="JSON file (default runs/bench/kernel.json)")
-    p.add_argument("--check", action="store_true", help="compare every backend with the reference backend")
-    p.add_argument("--check-max", type=_lengths, default=[32768], help="longest length checked (default 32K)")
-    p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
-    p.add_argument("--query-heads", type=int, default=32, help="query heads (default 32)")
-    p.add_argument("--kv-heads", type=int, default=8, help="KV heads (default 8)")
-    p.add_argument("--head-dim", type=int, default=128, help="head dimension (default 128)")
-    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16", help="default bfloat16")
-    p.add_argument("--density", type=float, default=0.1, help="block-sparse density of causal blocks (default 0.1)")
-    p.add_argument("--sink", type=int, default=128, help="streaming sink tokens (default 128)")
-    p.add_argument("--local", type=int, default=2048, help="streaming local window tokens (default 2048)")
-    p.add_argument("--repeats", type=int, default=10, help="most timed calls per measurement (default 10)")
-    p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
-    p.add_argument("--device", help="cuda, cpu, cuda:1, ... (default: cuda when available)")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    p.set_defaults(handler=_bench_kernel)
-
-
-def _bench_kernel(args) -> int:
-    cfg = KernelBenchConfig(
-        **{k: v for k, v in {"lengths": args.lengths, "cells": args.cells}.items() if v is not None},
-        backends=args.backends, batch=args.batch, query_heads=args.query_heads, kv_heads=args.kv_heads,
-        head_dim=args.head_dim, dtype=args.dtype, density=args.density, sink=args.sink, local=args.local,
-        check=args.check, check_max=args.check_max[0], repeats=args.repeats, seed=args.seed, device=args.device,
-    )
-    report = run_kernel_bench(cfg, progress=not args.no_progress)
-    print(format_table(report))
-    path = Path(args.output)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1))
-    print(f"results: {path}")
-    return 0

@@ -1,5 +1,5 @@
 """Elastic Attention itself: the Attention Router, its relaxation, the Lagrangian objective, training data, the
-trainer and router checkpoints (https://arxiv.org/abs/2601.17367; specification ``reference/method.md``).
+trainer and router checkpoints (https://arxiv.org/abs/2601.17367; official code ``LCM-Lab/Elastic-Attention``).
 
 The registered ``elastic`` method (`elastic_bench.methods.elastic`) applies trained routers at inference.
 

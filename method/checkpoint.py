@@ -9,13 +9,12 @@ Design decisions:
   and its config keys are mapped: ``retrieval_mode``/``toggle_type`` → mode, ``sink_size``, ``local_window_size``
   (code default 1024 when absent), ``block_size``, ``use_softmax`` → number of logits. Its eval code used an
   XAttention threshold of 0.8 (not stored in the config); elastic-bench uses 0.9 unless ``xa_threshold`` is given.
-- Writes are atomic (temporary file, then rename).
+- Writes are atomic (`elastic_bench.files.atomic_path`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -121,17 +120,16 @@ class RouterBank(torch.nn.Module):
 
 
 def save_routers(bank: RouterBank, directory: str | Path) -> Path:
-    """Write ``router.safetensors`` and ``router_config.json`` into ``directory`` (created); returns it."""
+    """Write ``router.safetensors`` and ``router_config.json`` into ``directory`` (created), each atomically; returns
+    it."""
     from safetensors.torch import save_file
 
+    from elastic_bench.files import atomic_path, write_text
+
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    weights_tmp = directory / f".{WEIGHTS_FILE}.tmp"
-    save_file(bank.hf_state_dict(), str(weights_tmp), metadata={"format": "pt"})
-    os.replace(weights_tmp, directory / WEIGHTS_FILE)
-    config_tmp = directory / f".{CONFIG_FILE}.tmp"
-    config_tmp.write_text(json.dumps(bank.config.to_dict(), indent=2) + "\n")
-    os.replace(config_tmp, directory / CONFIG_FILE)
+    with atomic_path(directory / WEIGHTS_FILE) as tmp:
+        save_file(bank.hf_state_dict(), str(tmp), metadata={"format": "pt"})
+    write_text(directory / CONFIG_FILE, json.dumps(bank.config.to_dict(), indent=2) + "\n")
     return directory
 
 

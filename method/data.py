@@ -1,4 +1,5 @@
-"""Router training data: records → examples → tokens → packed rows; and a synthetic generator for quick runs.
+"""Router training data: records → examples (tokenised and packed by `elastic_bench.training`); and a synthetic
+generator for quick runs.
 
 Record formats (JSONL, one object per line, or parquet; a directory means all its ``*.jsonl`` / ``*.parquet``):
 - plain: ``{"prompt": str, "answer": str, "category": str}``;
@@ -9,17 +10,9 @@ Record formats (JSONL, one object per line, or parquet; a directory means all it
   is prefixed with "Please complete the code given below.". The category is ``metadata["task"]``.
 
 Design decisions:
-- The prompt is one user turn through the tokenizer's chat template (Qwen3: ``enable_thinking=False``) with the
-  generation prompt; the answer follows as the assistant turn, ended by the tokenizer's EOS token. The router sees
-  exactly the prompt tokens it sees at inference.
 - Every category must have a target: unknown categories are rejected, never mapped to a default.
-- Samples longer than ``max_tokens`` lose the middle of their prompt (the first and last prompt tokens, which the
-  router pools, are kept).
-- Packing: samples sorted by length (longest first) go first-fit into rows of at most ``pack_tokens`` tokens; each
-  row keeps its samples' boundaries (``cu_seqlens``), restarted positions, prompt lengths and categories.
-- LM-loss targets: the answer tokens only (``loss_tokens="answer"``, the default: the loss then measures what
-  routing costs the task) or every next token inside a sample (``"all"``, the official code's choice: only each
-  sample's first token is not predicted).
+- Tokenisation (chat template, middle truncation), packing and the LM-loss targets are generic and live in
+  `elastic_bench.training` (`tokenize`, `pack`).
 """
 
 from __future__ import annotations
@@ -30,11 +23,7 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-import torch
-
-LossTokens = Literal["all", "answer"]
+from typing import Any
 
 # Paper §4.1: the five task labels of the training mixture and their target ΩMSR (t_sen = 0.7, t_rob = 1.0), plus
 # the two generic category names of the synthetic generator and the testbed.
@@ -58,40 +47,6 @@ class Example:
     prompt: str
     answer: str
     category: str
-
-
-@dataclass(frozen=True)
-class TokenizedExample:
-    """Token ids of prompt + answer, the prompt length and the category index."""
-
-    input_ids: torch.Tensor  # [n] int64
-    prompt_len: int
-    category: int
-
-
-@dataclass(frozen=True)
-class PackedRow:
-    """Samples packed into one row (batch 1, varlen).
-
-    Attributes:
-        input_ids: ``[T]`` token ids.
-        targets: ``[T]`` next-token targets, ``-100`` where no loss is taken.
-        position_ids: ``[T]`` positions restarting at 0 in each sample.
-        cu_seqlens: ``[N + 1]`` int32 sample boundaries.
-        prompt_lens: prompt length of each of the N samples.
-        categories: ``[N]`` int64 category index of each sample.
-    """
-
-    input_ids: torch.Tensor
-    targets: torch.Tensor
-    position_ids: torch.Tensor
-    cu_seqlens: torch.Tensor
-    prompt_lens: list[int]
-    categories: torch.Tensor
-
-    @property
-    def num_samples(self) -> int:
-        return len(self.prompt_lens)
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
@@ -166,72 +121,6 @@ def check_categories(examples: Iterable[Example], targets: dict[str, float]) -> 
     if not present:
         raise ValueError("no training examples")
     return [c for c in targets if c in present]
-
-
-def tokenize(
-    examples: list[Example], tokenizer, categories: list[str], max_tokens: int, progress: bool = False
-) -> list[TokenizedExample]:
-    """Token ids (chat template + answer + EOS) of each example, middle-truncated to ``max_tokens``."""
-    from tqdm.auto import tqdm
-
-    from elastic_bench.tasks.base import render
-
-    if tokenizer.eos_token_id is None:
-        raise ValueError("the tokenizer has no EOS token to end answers with")
-    index = {c: i for i, c in enumerate(categories)}
-    out = []
-    for ex in tqdm(examples, desc="tokenizing", disable=not progress, leave=False):
-        prompt = render(tokenizer, ex.prompt)
-        answer = tokenizer(ex.answer, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-        excess = len(prompt) + len(answer) - max_tokens
-        if excess > 0:
-            if excess > len(prompt) - 2:
-                raise ValueError(f"an answer of {len(answer)} tokens does not fit max_tokens={max_tokens}")
-            head = (len(prompt) - excess) // 2
-            prompt = prompt[:head] + prompt[head + excess :]
-        ids = torch.tensor(prompt + answer, dtype=torch.int64)
-        out.append(TokenizedExample(ids, len(prompt), index[ex.category]))
-    return out
-
-
-def pack(samples: list[TokenizedExample], pack_tokens: int, loss_tokens: LossTokens = "answer") -> list[PackedRow]:
-    """First-fit-decreasing packing into rows of at most ``pack_tokens`` tokens (deterministic)."""
-    if loss_tokens not in ("all", "answer"):
-        raise ValueError(f"loss_tokens must be 'all' or 'answer', got {loss_tokens!r}")
-    order = sorted(range(len(samples)), key=lambda i: (-len(samples[i].input_ids), i))
-    bins: list[list[int]] = []
-    room: list[int] = []
-    for i in order:
-        n = len(samples[i].input_ids)
-        if n > pack_tokens:
-            raise ValueError(f"a sample of {n} tokens exceeds pack_tokens={pack_tokens}; lower max_tokens")
-        slot = next((b for b, free in enumerate(room) if free >= n), None)
-        if slot is None:
-            bins.append([])
-            room.append(pack_tokens)
-            slot = len(bins) - 1
-        bins[slot].append(i)
-        room[slot] -= n
-    return [_row([samples[i] for i in members], loss_tokens) for members in bins]
-
-
-def _row(members: list[TokenizedExample], loss_tokens: LossTokens) -> PackedRow:
-    ids, targets, positions = [], [], []
-    for s in members:
-        n = len(s.input_ids)
-        target = torch.full((n,), -100, dtype=torch.int64)
-        target[:-1] = s.input_ids[1:]
-        if loss_tokens == "answer":
-            target[: s.prompt_len - 1] = -100
-        ids.append(s.input_ids)
-        targets.append(target)
-        positions.append(torch.arange(n))
-    lengths = torch.tensor([len(s.input_ids) for s in members])
-    cu = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(torch.int32)
-    return PackedRow(
-        torch.cat(ids), torch.cat(targets), torch.cat(positions), cu,
-        [s.prompt_len for s in members], torch.tensor([s.category for s in members], dtype=torch.int64),
-    )
 
 
 # ---- synthetic generator -------------------------------------------------------------------------------------------

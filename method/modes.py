@@ -1,6 +1,7 @@
 """What the router's two sides mean in FA-SSA, FA-XA and XA-SSA, and the HeadPlan of a routing decision.
 
-Specification: ``reference/method.md`` §6 (official eval model ``training/eval/modeling_flash_qwen.py:1118-1143``).
+Paper §3.1 and App. D; official eval model ``LCM-Lab/Elastic-Attention`` @ c62a0fe,
+``elasticattn/training/eval/modeling_flash_qwen.py:1118-1143``.
 
 | mode     | full side (router index 1) | sparse side (router index 0) |
 |----------|----------------------------|------------------------------|
@@ -12,7 +13,8 @@ Design decisions:
 - Streaming is block-granular by default (Block-Sparse-Attention semantics): sink 128 tokens (1 block) and a local
   window of 2048 tokens (16 blocks, the diagonal block included).
 - XAttention selections (stride 16, threshold 0.9, block 128, per query head) are estimated only for the heads routed
-  to XA, and not at all when no head is (``reference/method.md`` §9 #8). The estimator lives in
+  to XA, and not at all when no head is (the official eval model estimates every head on every prefill). The
+estimator lives in
   `elastic_bench.kernels.xattention` and is imported only when an XA head exists.
 """
 

@@ -2,7 +2,7 @@
 
 Paper: https://arxiv.org/abs/2601.17367 Eq. 8, ``max_λ min_router CE + λ1·(Ω − t) + λ2·(Ω − t)²``, with task-specific
 multipliers trained by gradient ascent (as in PruLong); loss assembly as the official ``Qwen3Model.forward``
-(``reference/method.md`` §4).
+(``LCM-Lab/Elastic-Attention``, ``elasticattn/training/modeling_flash_qwen.py``).
 
 Design decisions:
 - Ω of a sample is ``1 − mean_{ℓ,h} r`` over the straight-through decisions ``r`` of all layers and KV heads: hard in

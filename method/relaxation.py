@@ -2,8 +2,8 @@
 temperature schedules.
 
 Paper: https://arxiv.org/abs/2601.17367 §3.2 (Gumbel-softmax, STE, Eq. 14) and App. F (Gumbel-sigmoid); official
-training code: ``training/modeling_flash_qwen.py:899-941`` and ``training/lh_trainer.py:465-521`` (see
-``reference/method.md`` §3).
+training code (``LCM-Lab/Elastic-Attention`` @ c62a0fe, ``elasticattn/``): ``training/modeling_flash_qwen.py:899-941``
+and ``training/lh_trainer.py:465-521``.
 
 Design decisions:
 - The Gumbel noise is an input, not drawn inside: the trainer draws it per (step, sample) from a seeded generator, so

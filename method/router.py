@@ -1,7 +1,7 @@
 """The Attention Router of Elastic Attention: one small MLP per layer that sends each KV head to FULL or sparse.
 
 Paper: "Elastic Attention: Test-time Adaptive Sparsity Ratios for Efficient Transformers",
-https://arxiv.org/abs/2601.17367, §3.1 and App. D.1 (specification: ``reference/method.md`` §2).
+https://arxiv.org/abs/2601.17367, §3.1 and App. D.1; official code ``LCM-Lab/Elastic-Attention``.
 
 Design decisions:
 - Input: the layer's own key states before RoPE, one ``D``-vector per token and KV head (captured by a hook; see

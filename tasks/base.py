@@ -66,7 +66,7 @@ class Task:
         return {"score": round(100 * sum(scores) / len(scores), 2) if scores else float("nan")}
 
 
-REGISTRY: Registry[type[Task]] = Registry("task")
+REGISTRY: Registry[type[Task]] = Registry("task", entry_points="elastic_bench.tasks")
 GROUPS: dict[str, list[str]] = {}
 
 
@@ -93,16 +93,23 @@ def names() -> list[str]:
     return REGISTRY.names()
 
 
+def groups() -> dict[str, list[str]]:
+    """Group name → its task names (the plugins' groups included)."""
+    REGISTRY.names()
+    return GROUPS
+
+
 def expand(specs: list[str]) -> list[str]:
     """Task names for a list of task and group names, in order, without duplicates; unknown names raise."""
     result: list[str] = []
+    valid = REGISTRY.names()  # discovers the plugins' tasks and groups
     for spec in specs:
         if spec in GROUPS:
             members = GROUPS[spec]
         elif spec in REGISTRY:
             members = [spec]
         else:
-            raise did_you_mean("task", spec, sorted([*REGISTRY.names(), *GROUPS]))
+            raise did_you_mean("task", spec, sorted([*valid, *GROUPS]))
         result.extend(m for m in members if m not in result)
     return result
 

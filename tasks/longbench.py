@@ -1,5 +1,5 @@
 """LongBench v1 (21 datasets) and LongBench-E (13), as `THUDM/LongBench` @ 2e00731 runs them (`LongBench/pred.py`,
-`LongBench/eval.py`; see `reference/benchmarks.md` §2).
+`LongBench/eval.py`).
 
 Protocol per record: ``dataset2prompt[dataset].format(**record)`` (byte-exact templates, shipped in
 `data/longbench/`); middle truncation of that prompt to ``length − 500`` tokens (the official ``model2maxlen`` rule:

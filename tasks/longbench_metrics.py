@@ -1,7 +1,6 @@
 """LongBench's official per-answer metrics (`THUDM/LongBench` @ 2e00731, `LongBench/metrics.py`), quirks included.
 
-Each metric maps ``(prediction, gold, all_classes)`` to a float in [0, 1]. Behaviour kept on purpose (see
-`reference/benchmarks.md`, appendix):
+Each metric maps ``(prediction, gold, all_classes)`` to a float in [0, 1]. Behaviour kept on purpose:
 - code similarity is fuzzywuzzy 0.18.0's ``fuzz.ratio`` on its pure-difflib path (the official requirements do not list
   python-Levenshtein), rounded with Python's ``round``; it is computed here with difflib directly so that an installed
   python-Levenshtein cannot change the numbers;

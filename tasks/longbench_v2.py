@@ -1,5 +1,4 @@
-"""LongBench-v2 (503 multiple-choice items), as `THUDM/LongBench` @ 2e00731 runs it (`pred.py`, `result.py`; see
-`reference/benchmarks.md` §3).
+"""LongBench-v2 (503 multiple-choice items), as `THUDM/LongBench` @ 2e00731 runs it (`pred.py`, `result.py`).
 
 Prompts are the byte-exact `prompts/0shot.txt` and the chain-of-thought pair `0shot_cot.txt` / `0shot_cot_ans.txt`
 (shipped in `data/longbench_v2/prompts/`), filled by ``str.replace``. The filled prompt is truncated in the middle to

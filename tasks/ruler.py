@@ -2,7 +2,7 @@
 
 Configurations come from the official `synthetic.yaml` (shipped in `data/ruler/`); templates, answer prefixes and
 budgets from `scripts/data/synthetic/constants.py`; generators follow `scripts/data/synthetic/*.py`; the scorer
-follows `scripts/eval/synthetic/constants.py` (see `reference/benchmarks.md` §1). Where elastic-bench differs:
+follows `scripts/eval/synthetic/constants.py`. Where elastic-bench differs:
 - the chat template is the tokenizer's own, applied by `render` with the answer prefix starting the assistant turn
   (RULER pastes a hard-coded wrapper); few-shot examples (vt, cwe) use the plain "base" wrapper inside the user turn;
 - each sample draws from its own generator seeded by ``(seed, index)`` (RULER shares one global generator, so its

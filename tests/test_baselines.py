@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from elastic_bench import apply, methods
+from elastic_bench import apply, get_method
+from elastic_bench.baselines.gates import PATTERNS_DIR, binarize, load_gates
 from elastic_bench.kernels import Mode
-from elastic_bench.methods.duo_attention import PATTERNS_DIR, binarize, load_gates
 from elastic_bench.models import load_model
 
 
@@ -44,7 +44,7 @@ def test_plan_follows_the_gates_on_a_model(tiny_models, tmp_path):
     model, tokenizer = tiny_models["llama"]
     path = write_gates(tmp_path, np.array([[1.0, 0.1], [0.2, 0.9]]))
     ids = tokenizer("a b c d e f g h " * 20, return_tensors="pt").input_ids
-    with torch.no_grad(), apply(methods.get("duo_attention", pattern=str(path), sparsity=0.5, local=16), model) as h:
+    with torch.no_grad(), apply(get_method("duo_attention", pattern=str(path), sparsity=0.5, local=16), model) as h:
         model(ids)
     assert h.decisions()[0].tolist() == [[Mode.FULL, Mode.STREAMING], [Mode.STREAMING, Mode.FULL]]
     assert h.stats()["omega_msr"] == 0.5 and h.stats()["realised_head_sparsity"] == 0.5
@@ -54,13 +54,13 @@ def test_layout_mismatch_and_missing_pattern_are_clear(tiny_models, tmp_path):
     model, _ = tiny_models["llama"]
     path = write_gates(tmp_path, np.ones((3, 2)))
     with pytest.raises(ValueError, match="3 layers × 2 KV heads; the model has 2 layers × 2 KV heads"):
-        with apply(methods.get("duo_attention", pattern=str(path)), model):
+        with apply(get_method("duo_attention", pattern=str(path)), model):
             pass
     with pytest.raises(FileNotFoundError, match="no head gates shipped .*DuoAttention patterns: Meta-Llama"):
-        with apply(methods.get("duo_attention"), model):
+        with apply(get_method("duo_attention"), model):
             pass
     with pytest.raises(FileNotFoundError, match=r"\(no head_gates.tsv in its directory\); pass pattern"):
-        with apply(methods.get("prulong"), model):
+        with apply(get_method("prulong"), model):
             pass
     assert model.config._attn_implementation == "sdpa"
     assert not model._forward_pre_hooks  # nothing left attached by the failed setups
@@ -74,7 +74,7 @@ def test_gates_shipped_in_the_model_directory_are_found(tmp_path):
     ids = tokenizer("the", return_tensors="pt").input_ids.repeat(1, 300)
     expected = binarize(load_gates(TESTBED_DIR / "head_gates.tsv"), 0.5)
     for name in ("duo_attention", "prulong"):
-        method = methods.get(name, sparsity=0.5)
+        method = get_method(name, sparsity=0.5)
         with torch.no_grad(), apply(method, model) as handle:
             model(ids)
         assert (handle.decisions()[0].numpy() == Mode.FULL).tolist() == expected.tolist()
@@ -89,11 +89,11 @@ def test_xattention_threshold_bounds(tiny_models):
     ids = tokenizer("needle in a haystack " * 20, return_tensors="pt").input_ids  # 420 tokens, 27 blocks of 16
     with torch.no_grad():
         expected = model(ids).logits
-        with apply(methods.get("xattention", threshold=1.0, stride=8, block_size=16), model) as handle:
+        with apply(get_method("xattention", threshold=1.0, stride=8, block_size=16), model) as handle:
             every = model(ids).logits
         assert (every - expected).abs().max() <= 1e-4
         assert handle.stats()["omega_msr"] == 1.0 and handle.stats()["omega_esr"] == pytest.approx(0.0, abs=1e-12)
-        with apply(methods.get("xattention", threshold=0.0, stride=8, block_size=16), model) as handle:
+        with apply(get_method("xattention", threshold=0.0, stride=8, block_size=16), model) as handle:
             model(ids)
     L, n = ids.shape[1], -(-ids.shape[1] // 16)
     sink_and_diagonal = torch.eye(n, dtype=torch.bool)
@@ -106,4 +106,4 @@ def test_xattention_threshold_bounds(tiny_models):
 
 def test_xattention_options_are_validated():
     with pytest.raises(ValueError, match="must divide"):
-        methods.get("xattention", stride=24)
+        get_method("xattention", stride=24)

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from elastic_bench import apply, methods
+from elastic_bench import apply, get_method
+from elastic_bench.interface import AttentionCall, Method
 from elastic_bench.kernels import HeadPlan, Mode, StreamingGeometry
-from elastic_bench.methods import AttentionCall, Method
 
 ARCHS = ["qwen3", "llama"]
 
@@ -33,7 +33,7 @@ def decode_logits(model, ids, steps=5):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("method", [methods.get("full"), methods.get("streaming", sink=4, local=4096)])
+@pytest.mark.parametrize("method", [get_method("full"), get_method("streaming", sink=4, local=4096)])
 def test_full_coverage_equals_sdpa(tiny_models, arch, method):
     model, tokenizer = tiny_models[arch]
     ids = prompt_ids(tokenizer)
@@ -51,7 +51,7 @@ def test_streaming_changes_logits_and_reports_sparsity(tiny_models):
     ids = prompt_ids(tokenizer)
     with torch.no_grad():
         expected = model(ids).logits
-        with apply(methods.get("streaming", sink=2, local=8), model) as handle:
+        with apply(get_method("streaming", sink=2, local=8), model) as handle:
             got = model(ids).logits
     assert (got - expected).abs().max() > 1e-3
     stats = handle.stats()
@@ -133,7 +133,7 @@ def test_pre_rope_keys_are_captured_before_rotation(tiny_models):
 
 def test_apply_restores_model_after_an_error(tiny_models):
     model, tokenizer = tiny_models["llama"]
-    with pytest.raises(RuntimeError, match="boom"), apply(methods.get("full"), model):
+    with pytest.raises(RuntimeError, match="boom"), apply(get_method("full"), model):
         raise RuntimeError("boom")
     assert model.config._attn_implementation == "sdpa"
     assert not any(hasattr(m, "_elastic_bench_handle") for m in model.modules())
@@ -143,6 +143,6 @@ def test_apply_restores_model_after_an_error(tiny_models):
 
 def test_unknown_method_and_option_name_the_closest():
     with pytest.raises(ValueError, match="did you mean streaming"):
-        methods.get("streeming")
+        get_method("streeming")
     with pytest.raises(ValueError, match="did you mean local"):
-        methods.get("streaming", lokal=3)
+        get_method("streaming", lokal=3)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from elastic_bench.kernels import BlockSelection, HeadPlan, Mode, StreamingGeometry, hybrid_attention
-from elastic_bench.kernels.flex import block_mask, flex_hybrid_attention
+from elastic_bench.kernels.hybrid.flex import block_mask, flex_hybrid_attention
 
 
 def _plan(modes, B, H, Hq, Lk, geometry, gen, block_size=128):

@@ -49,7 +49,7 @@ def _plan(B, H, Hq, Lk, modes, geometry, block_size, gen):
 
 def _run_case(name: str) -> dict:
     from elastic_bench.kernels import hybrid_attention
-    from elastic_bench.kernels.triton_hybrid import TileConfig, triton_hybrid_attention
+    from elastic_bench.kernels.hybrid.fused import TileConfig, triton_hybrid_attention
 
     B, H, G, Lq, Lk, D, modes, geometry, bs, dtype, config = CASES[name]
     gen = torch.Generator().manual_seed(sum(map(ord, name)))
@@ -126,7 +126,7 @@ def test_gpu_backends_match_reference(head_dim):
 
 
 def test_fp32_config_pipelines_shallower():
-    from elastic_bench.kernels.triton_hybrid import CONFIGS, _fit_config
+    from elastic_bench.kernels.hybrid.fused import CONFIGS, _fit_config
 
     assert CONFIGS[128].gather_stages > CONFIGS[128].num_stages  # the block-list loop's index load takes stages
     bf16 = _fit_config(None, 128, torch.bfloat16, None)
@@ -148,7 +148,7 @@ def test_triton_unavailable_on_cpu_without_interpreter():
 
 def test_auto_takes_a_backend_only_where_it_prefers_the_length(monkeypatch):
     from elastic_bench.kernels import hybrid
-    from elastic_bench.kernels.triton_hybrid import SPLIT_MIN_KEYS, split_pays_off
+    from elastic_bench.kernels.hybrid.fused import SPLIT_MIN_KEYS, split_pays_off
 
     monkeypatch.setattr(hybrid, "_BACKENDS", dict(hybrid._BACKENDS))
     calls = []

@@ -11,15 +11,13 @@ from elastic_bench.method.data import (
     CODE_PREFIX,
     DEFAULT_TARGETS,
     SUMMARY_PREFIX,
-    TokenizedExample,
     check_categories,
     load_examples,
-    pack,
     read_records,
     synthetic_records,
     to_example,
-    tokenize,
 )
+from elastic_bench.training import TokenizedExample, pack, tokenize
 
 
 def test_plain_and_official_records():

@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
-from elastic_bench import apply, methods
+from elastic_bench import apply, get_method
 from elastic_bench.kernels import Mode
 from elastic_bench.method import ModeConfig, RouterConfig, load_routers, save_routers
-from elastic_bench.methods.elastic import Elastic
+from elastic_bench.method.elastic import Elastic
 
 SMALL = dict(sink=4, local=16, granularity="token")
 NEEDS_XATTENTION = pytest.mark.skipif(
@@ -66,16 +66,16 @@ def routed(model, prompts, mode="fa-ssa", seed=0) -> Elastic:
 
 
 def test_registered_with_pre_rope_keys():
-    method = methods.get("elastic", mode="fa-xa")
+    method = get_method("elastic", mode="fa-xa")
     assert isinstance(method, Elastic) and method.needs_pre_rope_keys
     assert method.label() == "elastic-mode=fa-xa"
-    assert methods.get("elastic", router="runs/routers/qwen3-8b/").label() == "elastic-router=qwen3-8b"
+    assert get_method("elastic", router="runs/routers/qwen3-8b/").label() == "elastic-router=qwen3-8b"
 
 
 def test_untrained_routers_warn_and_route_every_head(tiny_models):
     model, tokenizer = tiny_models["qwen3"]
     with pytest.warns(UserWarning, match="untrained routers"), torch.no_grad():
-        with apply(methods.get("elastic", **SMALL), model, backend="reference") as handle:
+        with apply(get_method("elastic", **SMALL), model, backend="reference") as handle:
             model(prompt(tokenizer))
     decisions = handle.decisions()
     assert decisions.shape == (1, 2, 2)
@@ -170,7 +170,7 @@ def test_save_load_gives_identical_decisions(tiny_models, tmp_path):
     model, tokenizer = tiny_models["qwen3"]
     method = routed(model, [prompt(tokenizer, 50, o) for o in range(4)], seed=2)
     save_routers(method.routers, tmp_path / "r")
-    loaded = methods.get("elastic", router=str(tmp_path / "r"))
+    loaded = get_method("elastic", router=str(tmp_path / "r"))
     assert json.loads((tmp_path / "r" / "router_config.json").read_text())["attention"]["local"] == 16
     runs = []
     for m in (method, loaded):
@@ -208,7 +208,7 @@ def test_released_checkpoint_layout_loads(tmp_path):
 def test_mismatched_layout_is_one_clear_error(tiny_models, tmp_path):
     model, _ = tiny_models["qwen3"]
     save_routers(RouterConfig(36, 8, 128, base_model="Qwen/Qwen3-8B").build(), tmp_path / "big")
-    method = methods.get("elastic", router=str(tmp_path / "big"))
+    method = get_method("elastic", router=str(tmp_path / "big"))
     with pytest.raises(ValueError, match=r"36 layers × 8 KV heads × head_dim 128.*2 layers × 2 KV heads × head_dim 16"):
         with apply(method, model):
             pass
@@ -227,7 +227,7 @@ def test_a_router_shipped_next_to_the_model_is_the_default(tiny_models, tmp_path
     tokenizer.save_pretrained(tmp_path)
     save_routers(RouterConfig(2, 2, 16, attention=ModeConfig(mode="fa-xa")).build(), tmp_path / "elastic_router")
     local, _ = load_model(str(tmp_path), dtype=torch.float32, device="cpu")
-    method = methods.get("elastic")
+    method = get_method("elastic")
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # no "untrained routers" warning
         with apply(method, local):

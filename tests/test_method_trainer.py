@@ -13,11 +13,12 @@ from test_method_elastic import NEEDS_XATTENTION, one_thread  # noqa: F401  (one
 
 from elastic_bench import apply
 from elastic_bench.method import ModeConfig, synthetic_records
+from elastic_bench.method.elastic import Elastic, TrainingRoute
 from elastic_bench.method.objective import LagrangeMultipliers, omega_msr, sparsity_penalty
 from elastic_bench.method.relaxation import gumbel_noise
-from elastic_bench.method.trainer import LossModel, TrainConfig, train, training_backend
-from elastic_bench.methods.elastic import Elastic
+from elastic_bench.method.trainer import TrainConfig, train, training_backend
 from elastic_bench.models import load_model
+from elastic_bench.training import LossModel, row_inputs
 
 TARGETS = {"sensitive": 0.3, "robust": 1.0}
 SMALL = ModeConfig(sink=4, local=32, granularity="token")
@@ -36,23 +37,30 @@ def fresh_model():
     return load_model("tiny:qwen3", dtype=torch.float32, device="cpu")
 
 
-def test_router_gradients_come_through_the_straight_through_decision(tmp_path):
-    """The LM loss alone reaches every router through ``r·full + (1 − r)·sparse``; the backbone gets no gradient."""
-    from elastic_bench.method.data import pack, to_example, tokenize
-    from elastic_bench.method.trainer import _row_inputs
+def _frozen_model_routers_and_row():
+    """The frozen tiny model, an `Elastic` method holding fresh routers for it, and one packed row of 4 samples."""
+    from elastic_bench.method.data import to_example
+    from elastic_bench.training import pack, tokenize
 
     model, tokenizer = fresh_model()
     model.requires_grad_(False)
     method = Elastic()
     method.routers = _bank(2, 2, 16)
     examples = [to_example(r) for r in synthetic_records(4, length=250)]
-    row = pack(tokenize(examples, tokenizer, ["sensitive", "robust"], 1024), 1024)[0]
+    return model, method, pack(tokenize(examples, tokenizer, ["sensitive", "robust"], 1024), 1024)[0]
+
+
+def test_router_gradients_come_through_the_straight_through_decision(tmp_path):
+    """The LM loss alone reaches every router through ``r·full + (1 − r)·sparse``; the backbone gets no gradient."""
+    model, method, row = _frozen_model_routers_and_row()
     noise = gumbel_noise((row.num_samples, 2, 2, 2), torch.Generator().manual_seed(1))
+    route = TrainingRoute(1.0, noise, row.prompt_lens)
     with apply(method, model, backend="reference"):
-        method.begin_training_forward(1.0, noise, row.prompt_lens)
-        loss_sum, count = LossModel(model)(*_row_inputs(row, "cpu"))
-        r = method.collect_decisions(row.num_samples, 2)
+        loss_sum, count = LossModel(model)(*row_inputs(row, "cpu"), training_route=route)
+        r = route.stacked(2)
         (loss_sum / count).backward()
+    assert r.shape == (row.num_samples, 2, 2)
+    assert set(route.decisions) == {(sample, layer) for sample in range(row.num_samples) for layer in range(2)}
     assert set(r.detach().unique().tolist()) == {0.0, 1.0}  # hard decisions in the forward pass
     assert r.requires_grad
     for router in method.routers.layers:
@@ -62,6 +70,28 @@ def test_router_gradients_come_through_the_straight_through_decision(tmp_path):
     lam = LagrangeMultipliers(2)
     penalty = sparsity_penalty(omega_msr(r), row.categories, torch.tensor([0.3, 1.0]), lam)
     assert penalty.requires_grad
+
+
+def test_the_training_route_travels_with_the_forward_and_nothing_stays_on_the_method(tmp_path):
+    """Two routes in flight on one method do not mix; a forward without a route routes by argmax, as at inference."""
+    model, method, row = _frozen_model_routers_and_row()
+    loss_model = LossModel(model)
+    with apply(method, model, backend="reference") as handle:
+        routes = [TrainingRoute(1.0, gumbel_noise((row.num_samples, 2, 2, 2), torch.Generator().manual_seed(seed)),
+                                row.prompt_lens) for seed in (1, 2)]
+        for route in routes:
+            loss_model(*row_inputs(row, "cpu"), training_route=route)
+        again = TrainingRoute(1.0, routes[0].noise, row.prompt_lens)
+        loss_model(*row_inputs(row, "cpu"), training_route=again)
+        assert torch.equal(again.stacked(2), routes[0].stacked(2))  # same noise, same decisions
+        assert not any(isinstance(v, (TrainingRoute, torch.Tensor)) for v in vars(method).values())
+        assert not {"training_route", "_pending", "_train_r"} & set(vars(method))
+        handle.reset()
+        with torch.no_grad():
+            loss_model(*row_inputs(row, "cpu")[:4], None)
+        assert handle.decisions().shape == (row.num_samples, 2, 2)  # argmax routing, recorded by the glue
+    with pytest.raises(RuntimeError, match="no routing decision"):
+        TrainingRoute(1.0, routes[0].noise, row.prompt_lens).stacked(2)
 
 
 def _bank(layers, heads, dim):
@@ -162,7 +192,7 @@ def test_length_padding_for_compiled_backends_changes_nothing(tmp_path, monkeypa
     """With ``flex`` the training branches run on tensors zero-padded to a length bucket; here "flex" is the
     reference kernel, so the padded run must train exactly the routers of the unpadded one."""
     from elastic_bench.kernels import hybrid
-    from elastic_bench.kernels.reference import naive_hybrid_attention
+    from elastic_bench.kernels.hybrid.naive import naive_hybrid_attention
 
     seen = []
 
@@ -223,11 +253,12 @@ def test_cli_trains_on_records_and_rejects_unknown_categories(tmp_path, capsys):
     data.write_text("".join(json.dumps(r) + "\n" for r in synthetic_records(8, length=150)))
     args = ["train-router", "--model", "tiny:qwen3", "--data", str(data), "--steps", "2", "--rows-per-step", "1",
             "--pack-tokens", "1024", "--sink", "4", "--local-window", "32", "--granularity", "token", "--device", "cpu",
-            "--output", str(tmp_path / "out"), "--no-progress"]
+            "--output", str(tmp_path / "out")]
     assert main([*args, "--target", "sensitive=0.3", "--target", "robust=1.0"]) == 0
-    assert {"router.safetensors", "router_config.json", "train_log.jsonl", "train_state.pt"} <= {
-        p.name for p in (tmp_path / "out").iterdir()
-    }
+    names = {p.name for p in (tmp_path / "out").iterdir()}
+    assert {"router.safetensors", "router_config.json", "train_log.jsonl", "train_state.safetensors",
+            "train_state.json"} <= names
+    assert not any(name.endswith(".pt") for name in names)
     log = [json.loads(line) for line in (tmp_path / "out" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2]
     assert "final hard ΩMSR" in capsys.readouterr().out
@@ -242,7 +273,7 @@ def test_two_processes_on_gloo_give_the_same_router_as_one(tmp_path):
 
     args = ["train-router", "--model", "tiny:qwen3", "--steps", "3", "--rows-per-step", "2", "--pack-tokens", "1024",
             "--sink", "4", "--local-window", "32", "--granularity", "token", "--device", "cpu", "--router-lr", "1e-2",
-            "--target", "sensitive=0.3", "--target", "robust=1.0", "--no-progress"]
+            "--target", "sensitive=0.3", "--target", "robust=1.0"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     one = subprocess.run([sys.executable, "-m", "elastic_bench", *args, "--output", str(tmp_path / "one")],
                          env=env, capture_output=True, text=True, timeout=300)

@@ -9,8 +9,8 @@ import xml.dom.minidom
 import pytest
 
 from elastic_bench import cli
+from elastic_bench.files import write_json
 from elastic_bench.reports import load_cells, pareto_front, summarize, write_report
-from elastic_bench.results import write_json
 
 
 def _cell(root, method, task, length, score, esr, prefill, status="complete", model="m"):

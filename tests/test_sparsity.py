@@ -5,9 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from elastic_bench.kernels import BlockSelection, HeadPlan, Mode, StreamingGeometry, causal_pairs, pair_counts
-from elastic_bench.kernels.masks import for_mode
-from elastic_bench.sparsity import SparsityMeter
+from elastic_bench.kernels import (
+    BlockSelection,
+    HeadPlan,
+    Mode,
+    SparsityMeter,
+    StreamingGeometry,
+    causal_pairs,
+    pair_counts,
+)
+from elastic_bench.kernels.hybrid.masks import for_mode
 
 BLOCK_STREAMING = StreamingGeometry(sink=128, local=2048, granularity="block")
 

@@ -66,8 +66,9 @@ def test_runner_generates_a_follow_up_turn_for_chain_of_thought(tmp_path, monkey
 
     monkeypatch.setattr(generation, "greedy_generate", scripted_generate)
     config = RunConfig(model="tiny:qwen3", methods=["full"], tasks=["longbench_v2_cot"], lengths=[4096], limit=1,
-                       data_dir=str(build(tmp_path / "data")), output=str(tmp_path / "runs"), device="cpu")
-    assert run(config, progress=False)[0]["status"] == "complete"
+                       data_dir=str(build(tmp_path / "data")), output=str(tmp_path / "runs"), device="cpu",
+                       progress=False)
+    assert run(config)[0]["status"] == "complete"
     assert [n for _, n in seen] == [1024, 128]
     assert "Let’s think step by step: Because A fits.\n\nBased on the above" in seen[1][0]
     cell = tmp_path / "runs" / "tiny-qwen3" / "full" / "longbench_v2_cot" / "4096"

@@ -11,9 +11,9 @@ import torch
 from elastic_bench import tasks
 from elastic_bench.kernels import StreamingGeometry
 from elastic_bench.testbed import text
-from elastic_bench.testbed.data import records
-from elastic_bench.testbed.evaluate import exact_match, window_mask
 from elastic_bench.testbed.generators import MAX_NEW_TOKENS, RECENT_SENTENCES, SPECS, Generator, sample_rng
+from elastic_bench.testbed.training.evaluate import exact_match, window_mask
+from elastic_bench.testbed.training.records import records
 from elastic_bench.testbed.vocab import build
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -166,14 +166,14 @@ def _tiny_llama(vocab):
 
 
 def test_window_mask_is_the_streaming_method(vocab):
-    from elastic_bench import apply, methods
+    from elastic_bench import apply, get_method
 
     model = _tiny_llama(vocab)
     ids = torch.randint(10, len(vocab), (2, 400))
     geometry = StreamingGeometry(16, 64)
     with torch.no_grad():
         masked = model(ids, attention_mask=window_mask(400, geometry, "cpu")).logits
-        with apply(methods.get("streaming", sink=16, local=64), model, backend="reference"):
+        with apply(get_method("streaming", sink=16, local=64), model, backend="reference"):
             method = model(ids).logits
         full = model(ids).logits
     torch.testing.assert_close(masked, method, atol=1e-5, rtol=1e-5)
@@ -229,8 +229,8 @@ def test_key_matching_probe_finds_the_shipped_models_matching_heads(vocab):
     from transformers import LlamaForCausalLM
 
     from elastic_bench.models import TESTBED_DIR
-    from elastic_bench.testbed.heads import best_head, key_matching
-    from elastic_bench.testbed.train import model_config
+    from elastic_bench.testbed.training.heads import best_head, key_matching
+    from elastic_bench.testbed.training.train import model_config
 
     shipped = LlamaForCausalLM.from_pretrained(TESTBED_DIR, dtype=torch.float32)
     selectivity = key_matching(shipped, vocab, length=512, samples=2)

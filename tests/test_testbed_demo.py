@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from elastic_bench import cli, methods
+from elastic_bench import cli, method_names
 from elastic_bench.models import TESTBED_DIR, load_model
 from elastic_bench.testbed.vocab import build
 
@@ -36,7 +36,7 @@ def test_reduced_demo_runs_every_method_on_the_testbed(tmp_path, capsys):
     assert f"demo results written to {output}" in printed
     metrics = {p.parent.parent.parent.name.split("-")[0] + "/" + p.parent.parent.name: json.loads(p.read_text())
                for p in output.glob("testbed/*/*/*/metrics.json")}
-    assert {key.split("/")[0] for key in metrics} == set(methods.names())
+    assert {key.split("/")[0] for key in metrics} == set(method_names())
     assert all(m["status"] == "complete" for m in metrics.values())
     # the testbed's story: full attention finds the needle, all-streaming (window 256) loses it at 1K+
     assert metrics["full/testbed_niah_single"]["score"] == 100.0
@@ -44,13 +44,13 @@ def test_reduced_demo_runs_every_method_on_the_testbed(tmp_path, capsys):
     assert metrics["streaming/testbed_niah_recent"]["score"] == 100.0
     # the demo renders its report: every method in the table, full on both frontiers (the best score at ΩESR 0)
     report = (output / "report" / "report.md").read_text()
-    assert all(f"| {name}" in report for name in methods.names())
+    assert all(f"| {name}" in report for name in method_names())
     assert "Pareto frontier, score vs ΩESR" in report and (output / "report" / "report.html").exists()
 
 
 def test_head_ablation_finds_the_shipped_retrieval_heads_and_writes_duo_gates(tmp_path):
-    from elastic_bench.methods.duo_attention import load_gates
-    from elastic_bench.testbed.heads import ablation_gates, write_gates
+    from elastic_bench.baselines.gates import load_gates
+    from elastic_bench.testbed.training.heads import ablation_gates, write_gates
 
     model, _ = load_model("testbed", dtype=torch.float32, device="cpu")
     gates = ablation_gates(model, build(), length=1024, samples=4, progress=False)

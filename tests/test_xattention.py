@@ -123,7 +123,7 @@ def test_auto_scores_with_triton_below_gemm_min_keys_and_with_gemm_from_there(mo
 
 
 def test_gemm_chunks_are_block_rows_within_the_scratch_bound():
-    from elastic_bench.kernels.triton_xattention import GEMM_SCRATCH_BYTES, _chunk_tiles
+    from elastic_bench.kernels.xattention.fused import GEMM_SCRATCH_BYTES, _chunk_tiles
 
     # stride 16, 32 query heads: query tiles = key tiles = tokens / 16; rows per tile 32; 2 bytes (bf16), 4 (fp32)
     shapes = [(tiles, size) for tiles in (8192, 16384, 65536) for size in (2, 4)]
@@ -175,7 +175,7 @@ def _run_case(name: str) -> dict:
 
 def _run_gemm_case(name: str) -> dict:
     """The GEMM backend: default chunks (one at these lengths) and chunks of two block rows."""
-    from elastic_bench.kernels.triton_xattention import antidiagonal_scores_gemm
+    from elastic_bench.kernels.xattention.fused import antidiagonal_scores_gemm
 
     q, k, tau, stride, bs, heads, Lq, Lk = _case(name)
     ref = antidiagonal_scores(q, k, stride, bs, heads, backend="reference")

@@ -1,7 +1,8 @@
 """The testbed: a small long-context model trained by the project and shipped with it (``--model testbed``).
 
-``vocab`` (word-level tokenizer), ``text`` (templates and words), ``generators`` (the task generators, two families:
-sparsity-sensitive and sparsity-robust), ``tasks`` (registered ``testbed_*`` tasks), ``train`` (the training loop),
-``evaluate`` (fast exact-match evaluation), ``data`` (router-training records), ``cli`` (``elastic-bench testbed``).
-Importing this package imports no torch.
+What a run needs: ``vocab`` (word-level tokenizer), ``text`` (templates and words), ``generators`` (the task
+generators, two families: sparsity-sensitive and sparsity-robust) and ``tasks`` (the registered ``testbed_*`` tasks,
+found by the task registry through the ``elastic_bench.tasks`` entry point); the checkpoint itself lies in
+``elastic_bench/data/testbed/``. The tooling that trained it is `elastic_bench.testbed.training`. Importing this
+package imports no torch.
 """

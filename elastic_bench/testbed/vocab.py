@@ -3,8 +3,8 @@
 One token per word (template words, haystack words, pseudo-word keys) and per punctuation mark; numbers are split into
 pairs of digits from the left (``1234567`` → ``12 ##34 ##56 ##7``, WordPiece continuation tokens), so that the
 tokenizer decodes them back without spaces and a 7-digit value opens with one of 90 tokens: a model that cannot see
-the needle guesses its first token right about 1% of the time, where single digits gave it 11%, which under a sparse
-prefill and a dense decode was enough for the decode steps to complete the rest (TRAINING.md, "Why pairs of digits").
+the needle guesses its first token right about 1% of the time (with single digits, 11%: enough, under a sparse
+prefill and a dense decode, for the decode steps to complete the rest; docs/testbed.md, "Why pairs of digits").
 Every prompt starts with ``<s>``; generation ends with ``</s>``. The tokenizer is saved in the usual transformers
 format (``tokenizer.json``, ``tokenizer_config.json``) next to the model and has no chat template.
 """

@@ -1,0 +1,19 @@
+"""DuoAttention (Xiao et al., ICLR 2025, https://arxiv.org/abs/2410.10819): retrieval heads FULL, streaming heads
+sink 64 + window 256, from one learned gate α per KV head (``full_attention_heads.tsv``), binarised by DuoAttention's
+quantile rule (`gates.binarize`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from elastic_bench.interface import register_method
+
+from .gates import HeadGates
+
+
+@register_method("duo_attention", "duo")
+@dataclass
+class DuoAttention(HeadGates):
+    """DuoAttention: retrieval heads FULL, the other KV heads streaming with sink 64 + window 256 (static, from a
+    learned gate file)."""

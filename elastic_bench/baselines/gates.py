@@ -1,0 +1,136 @@
+"""Static head gates, shared by DuoAttention and PruLong: a gate file per model, binarised into a fixed set of
+streaming KV heads.
+
+- DuoAttention (Xiao et al., ICLR 2025, https://arxiv.org/abs/2410.10819): one learned gate α per KV head
+  (``full_attention_heads.tsv``, rows = layers, columns = KV heads). Binarised by DuoAttention's rule: α clipped to
+  [0, 1], plus U(0, 1e-6) tie-breaking noise (seeded), threshold = the ``sparsity`` quantile, retrieval iff
+  α ≥ threshold. Streaming heads keep a token-exact sink 64 + window 256 (the README deployment).
+- PruLong ("Cache Me If You Can", https://arxiv.org/abs/2506.17121): a gate file in the same layout (0/1 masks, or
+  gates binarised by the same quantile rule), streaming heads with sink 128 + window 1024.
+
+The gates are data files: a ``head_gates.tsv`` inside the model directory (the testbed ships one, from head
+ablation), or the shipped DuoAttention patterns (Llama-3.1-8B-Instruct, Mistral-7B-Instruct-v0.2, MIT licence, see
+``data/duo_attention_patterns/NOTICE.md``) found by model name; any other model needs ``pattern=<dir or tsv>``.
+Prefill is one-shot (upstream's dense-first-chunk deployment is not reproduced); decode steps of streaming heads see
+only sink + window, as upstream's compressed cache does (compute only: the KV cache is not evicted).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from elastic_bench.interface import AttentionCall, Method
+from elastic_bench.kernels import HeadPlan, Mode, StreamingGeometry
+
+PATTERNS_DIR = Path(__file__).resolve().parent.parent / "data" / "duo_attention_patterns"
+
+
+def load_gates(path: str | Path) -> np.ndarray:
+    """Gate values ``[layers, kv_heads]`` from a ``full_attention_heads.tsv`` (or a folder holding one)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "full_attention_heads.tsv"
+    if not path.exists():
+        raise FileNotFoundError(f"no head-gate file at {path} (expected a full_attention_heads.tsv)")
+    try:
+        gates = np.loadtxt(path, delimiter="\t", ndmin=2)
+    except ValueError as err:
+        raise ValueError(f"{path} is not a tab-separated table of numbers: {err}") from None
+    return gates
+
+
+def binarize(gates: np.ndarray, sparsity: float | None, seed: int = 0) -> np.ndarray:
+    """DuoAttention's ``sparsify_attention_heads``: True = retrieval (FULL) head.
+
+    With ``sparsity`` (fraction of streaming heads, a global quantile over all layers) ties are broken by seeded
+    U(0, 1e-6) noise; without it, a head is retrieval iff its gate is ≥ 0.5.
+    """
+    gates = np.clip(gates, 0.0, 1.0)
+    if sparsity is None:
+        return gates >= 0.5
+    if not 0.0 <= sparsity <= 1.0:
+        raise ValueError(f"sparsity must lie in [0, 1], got {sparsity}")
+    noisy = gates + np.random.default_rng(seed).uniform(0, 1e-6, gates.shape)
+    return noisy >= np.quantile(noisy, sparsity)
+
+
+MODEL_GATES = "head_gates.tsv"  # a gate file shipped inside a model directory (e.g. the testbed's)
+
+
+def shipped_pattern(model: nn.Module, duo_patterns: bool = True) -> Path:
+    """The gates shipped with ``model``: ``<model dir>/head_gates.tsv``, else (with ``duo_patterns``) the shipped
+    DuoAttention pattern whose model name matches, else a clear error."""
+
+    def norm(name: str) -> str:
+        return re.sub(r"^meta-", "", Path(name).name.lower())
+
+    source = getattr(model.config, "_name_or_path", "") or ""
+    if source and (Path(source) / MODEL_GATES).exists():
+        return Path(source) / MODEL_GATES
+    shipped = sorted(p.name for p in PATTERNS_DIR.iterdir() if p.is_dir()) if duo_patterns else []
+    for candidate in shipped:
+        if norm(candidate) == norm(source):
+            return PATTERNS_DIR / candidate
+    raise FileNotFoundError(
+        f"no head gates shipped for model {norm(source) or '(unnamed)'!r} (no {MODEL_GATES} in its directory"
+        + (f"; DuoAttention patterns: {', '.join(shipped)}" if shipped else "")
+        + "); pass pattern=<folder or full_attention_heads.tsv>"
+    )
+
+
+@dataclass
+class HeadGates(Method):
+    """Retrieval heads FULL, the other KV heads streaming (static, from a learned gate file).
+
+    Args:
+        pattern: folder or TSV of gates; ``"auto"``: ``head_gates.tsv`` in the model directory, else a shipped
+            DuoAttention pattern matching the model name.
+        sparsity: fraction of KV heads made streaming (global quantile); None thresholds the gates at 0.5.
+        seed: seed of the tie-breaking noise.
+        sink: streaming sink tokens.
+        local: streaming window tokens (the query's own token included).
+        sparse_decode: decode steps of streaming heads see only sink + window (upstream's compressed cache).
+    """
+
+    pattern: str = "auto"
+    sparsity: float | None = 0.5
+    seed: int = 0
+    sink: int = 64
+    local: int = 256
+    sparse_decode: bool = True
+
+    duo_patterns: ClassVar[bool] = True  # whether "auto" may take a shipped DuoAttention pattern
+
+    def setup(self, model: nn.Module) -> None:
+        from elastic_bench.attention import attention_modules
+
+        path = shipped_pattern(model, self.duo_patterns) if self.pattern == "auto" else Path(self.pattern)
+        gates = load_gates(path)
+        modules = attention_modules(model)
+        expected = (len(modules), model.config.num_key_value_heads)
+        if gates.shape != expected:
+            raise ValueError(
+                f"head gates in {path} are {gates.shape[0]} layers × {gates.shape[1]} KV heads; "
+                f"the model has {expected[0]} layers × {expected[1]} KV heads"
+            )
+        retrieval = binarize(gates, self.sparsity, self.seed)
+        self._modes = torch.from_numpy(np.where(retrieval, int(Mode.FULL), int(Mode.STREAMING)).astype(np.uint8))
+        self._layer_row = {m.layer_idx: i for i, m in enumerate(modules)}
+        self._geometry = StreamingGeometry(self.sink, self.local)
+
+    def prefill_plan(self, call: AttentionCall) -> HeadPlan:
+        row = self._modes[self._layer_row[call.layer_idx]].to(call.query.device)
+        return HeadPlan(row.expand(call.batch_size, -1), self._geometry)
+
+    def decode_plan(self, call: AttentionCall) -> HeadPlan:
+        return self.prefill_plan(call) if self.sparse_decode else super().decode_plan(call)
+
+    def extra_stats(self) -> dict[str, float]:
+        return {"realised_head_sparsity": float((self._modes == Mode.STREAMING).double().mean())}

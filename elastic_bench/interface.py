@@ -1,0 +1,161 @@
+"""The method interface and its registry: a sparse-attention method is a small dataclass that turns one attention
+call into a HeadPlan (after kvpress' presses).
+
+- A method owns its knobs as dataclass fields; `get_method` builds one and rejects unknown knobs or values of the
+  wrong type, naming the closest valid ones.
+- ``setup(model)`` attaches learned state (routers, gates) and loads artifacts; ``teardown(model)`` removes it.
+- ``plan(call)`` is called by the attention glue (`elastic_bench.attention`) for every layer of every forward;
+  `AttentionCall.phase` says whether it is the one-shot prefill, a later prefill chunk, or a decode step. Decode steps
+  attend the whole cache by default (`Method.decode_plan`), as the upstream methods do.
+- Learned artifacts are files the method loads, never code.
+- Methods register with `register_method`; the registry imports the modules that installed packages declare under the
+  ``elastic_bench.methods`` entry-point group (the baselines, Elastic Attention, any plugin) on the first lookup.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import nn
+
+from elastic_bench.kernels import HeadPlan, hybrid_attention
+from elastic_bench.options import check_value
+from elastic_bench.registry import Registry, UnknownNameError, did_you_mean
+
+Phase = Literal["prefill", "chunk", "decode"]
+
+
+@dataclass
+class AttentionCall:
+    """One attention call of one layer, as the glue hands it to `Method.plan`.
+
+    Attributes:
+        module: the model's attention module (``layer_idx``, ``config``, anything a method attached in ``setup``).
+        query: ``[B, Hq, Lq, D]`` post-RoPE queries.
+        key, value: ``[B, H, Lk, D]`` post-RoPE keys/values, cache included, not repeated for GQA.
+        pre_rope_keys: ``[B, H, Lq, D]`` keys of the current tokens before RoPE (after ``k_norm`` where the model has
+            one), or None unless the method sets ``needs_pre_rope_keys``.
+        sample_ids: index of each batch row among the samples of the current forward (rows of a padded or packed
+            batch are planned one sample at a time).
+        training_route: what a training forward passed as its ``training_route`` keyword (transformers hands a
+            forward's extra keywords to the attention function), or None at inference. A method that trains reads
+            its training state from it and writes its decisions back into it.
+    """
+
+    module: nn.Module
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    pre_rope_keys: torch.Tensor | None = None
+    sample_ids: list[int] | None = None
+    training_route: Any = None
+
+    @property
+    def layer_idx(self) -> int:
+        return self.module.layer_idx
+
+    @property
+    def phase(self) -> Phase:
+        q_len, k_len = self.query.shape[2], self.key.shape[2]
+        if q_len == k_len:
+            return "prefill"
+        return "decode" if q_len == 1 else "chunk"
+
+    @property
+    def batch_size(self) -> int:
+        return self.query.shape[0]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.key.shape[1]
+
+
+@dataclass
+class Method:
+    """Base class of every method. Subclasses are dataclasses registered with `register_method`; their docstring's
+    ``Args:`` section documents each knob (``elastic-bench methods`` prints it)."""
+
+    name: ClassVar[str] = ""
+    needs_pre_rope_keys: ClassVar[bool] = False
+
+    def setup(self, model: nn.Module) -> None:
+        """Attach learned state to ``model`` and load artifacts. Called on entering `elastic_bench.apply`."""
+
+    def teardown(self, model: nn.Module) -> None:
+        """Undo `setup`. Called on leaving `elastic_bench.apply`, also after an error."""
+
+    def plan(self, call: AttentionCall) -> HeadPlan:
+        """The plan of one attention call; dispatches on ``call.phase``."""
+        if call.phase == "decode":
+            return self.decode_plan(call)
+        return self.prefill_plan(call)
+
+    def prefill_plan(self, call: AttentionCall) -> HeadPlan:
+        """The plan for a prefill (one-shot, or a chunk after earlier chunks)."""
+        raise NotImplementedError
+
+    def decode_plan(self, call: AttentionCall) -> HeadPlan:
+        """Decode steps attend the whole KV cache (no decode-time sparsity, as upstream)."""
+        return HeadPlan.full(call.batch_size, call.num_kv_heads, device=call.query.device)
+
+    def attend(self, call: AttentionCall, plan: HeadPlan, scale: float | None, backend: str) -> torch.Tensor:
+        """Compute the call's attention ``[B, Hq, Lq, D]`` under ``plan`` on the concrete ``backend`` the glue
+        resolved. Methods that train (e.g. mixing a FULL and a sparse branch per head) override this; inference
+        methods keep the default."""
+        return hybrid_attention(call.query, call.key, call.value, plan, scale=scale, backend=backend)
+
+    def extra_stats(self) -> dict[str, Any]:
+        """Method-specific statistics merged into `MethodHandle.stats` (e.g. realised sparsity of a gate file)."""
+        return {}
+
+    def options(self) -> dict[str, Any]:
+        """The method's knobs and their values."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def label(self) -> str:
+        """Name plus the knobs that differ from their defaults, e.g. ``streaming-local=256``: used for run folders
+        (a ``/`` in a value, e.g. a file path, is written ``%2F`` so the label stays one folder)."""
+        changed = [
+            f"{f.name}={str(getattr(self, f.name)).replace('%', '%25').replace('/', '%2F')}"
+            for f in dataclasses.fields(self)
+            if f.default is not dataclasses.MISSING and getattr(self, f.name) != f.default
+        ]
+        return "-".join([self.name, *changed])
+
+
+REGISTRY: Registry[type[Method]] = Registry("method", entry_points="elastic_bench.methods")
+
+
+def register_method(name: str, *aliases: str):
+    """Class decorator: register a `Method` dataclass under ``name`` (and ``aliases``)."""
+
+    def decorator(cls: type[Method]) -> type[Method]:
+        cls.name = name
+        REGISTRY.add(name, cls, *aliases)
+        return cls
+
+    return decorator
+
+
+def get_method(name: str, **options: Any) -> Method:
+    """Build the method registered as ``name`` with the given knobs (``get_method("streaming", local=256)``).
+
+    Raises:
+        UnknownNameError: no such method, or no such knob.
+        ValueError: a knob's value has the wrong type.
+    """
+    cls = REGISTRY.get(name)
+    valid = [f.name for f in dataclasses.fields(cls)]
+    for key in options:
+        if key not in valid:
+            err = did_you_mean(f"option of method {name!r}", key, valid)
+            raise UnknownNameError(str(err) if valid else f"method {name!r} takes no options (got {key!r})")
+    return cls(**{key: check_value(cls, key, value, f"{name}.{key}") for key, value in options.items()})
+
+
+def method_names() -> list[str]:
+    """Registered method names."""
+    return REGISTRY.names()

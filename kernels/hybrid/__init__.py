@@ -1,0 +1,139 @@
+"""`hybrid_attention`: one call for all heads of a layer, whatever their modes, and its backend shim.
+
+Backends register themselves with `register_backend(name, fn, available, priority, prefer)`. ``backend="auto"``
+takes the available backend of highest priority for the inputs' device whose ``prefer(keys)`` (if it has one) holds
+for the call's key length; ``"reference"`` is always available and is the ground truth the others are tested against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..plan import HeadPlan
+from .naive import naive_hybrid_attention
+
+BackendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, HeadPlan, float], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    fn: BackendFn
+    available: Callable[[torch.device], bool]
+    priority: int
+    prefer: Callable[[int], bool] | None = None
+
+
+_BACKENDS: dict[str, Backend] = {}
+
+
+def register_backend(
+    name: str,
+    fn: BackendFn,
+    available: Callable[[torch.device], bool],
+    priority: int,
+    prefer: Callable[[int], bool] | None = None,
+) -> None:
+    """Register a backend; ``available(device)`` says whether it can run on that device, and ``prefer(keys)``, when
+    given, whether ``auto`` should take it for a call with that many keys (otherwise ``auto`` looks further down)."""
+    _BACKENDS[name] = Backend(name, fn, available, priority, prefer)
+
+
+def backend_names() -> list[str]:
+    """All registered backend names, most preferred first."""
+    return [b.name for b in sorted(_BACKENDS.values(), key=lambda b: -b.priority)]
+
+
+def available_backends(device: torch.device | str) -> list[str]:
+    """Backends that can run on ``device``, most preferred first."""
+    device = torch.device(device)
+    return [name for name in backend_names() if _BACKENDS[name].available(device)]
+
+
+def resolve_backend(backend: str, device: torch.device | str, keys: int | None = None) -> str:
+    """The concrete backend ``backend`` means on ``device`` for a call with ``keys`` keys (``"auto"`` → the preferred
+    available one; without ``keys``, the one preferred at long lengths)."""
+    if backend == "auto":
+        names = available_backends(device)
+        prefers = (lambda b: keys is None or b.prefer is None or b.prefer(keys))
+        return next((n for n in names if prefers(_BACKENDS[n])), names[-1])
+    if backend not in _BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r}; choose from: auto, {', '.join(backend_names())}")
+    if not _BACKENDS[backend].available(torch.device(device)):
+        raise RuntimeError(
+            f"backend {backend!r} is not available on {device}; available: {', '.join(available_backends(device))}"
+        )
+    return backend
+
+
+def hybrid_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    plan: HeadPlan,
+    scale: float | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Causal attention where every KV head follows its mode in ``plan`` (FULL, STREAMING or BLOCK_SPARSE).
+
+    Args:
+        q: ``[B, Hq, Lq, D]`` queries, post-RoPE.
+        k: ``[B, H, Lk, D]`` keys, post-RoPE, not repeated for GQA (``Hq % H == 0``; query head ``i`` uses KV head
+            ``i // (Hq // H)``).
+        v: ``[B, H, Lk, D]`` values.
+        plan: per-sample, per-KV-head modes ``[B, H]``; block selections ``[B, Hq, ceil(Lk/block_size)]``.
+        scale: softmax scale, ``D ** -0.5`` by default.
+        backend: ``"auto"``, ``"reference"`` or any registered backend (see `available_backends`).
+
+    Returns:
+        ``[B, Hq, Lq, D]`` attention output in ``q.dtype``.
+
+    Causal masks are aligned bottom-right when ``Lq < Lk`` (query ``i`` sits at position ``Lk - Lq + i``)::
+
+        Lq = 2, Lk = 5 (FULL):   1 1 1 1 0
+                                 1 1 1 1 1
+    """
+    _check(q, k, v, plan)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    name = resolve_backend(backend, q.device, k.shape[2])
+    return _BACKENDS[name].fn(q, k, v, plan, scale)
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: HeadPlan) -> None:
+    if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
+        raise ValueError(
+            f"expected q [B, Hq, Lq, D] and k, v [B, H, Lk, D]; got {tuple(q.shape)}, {tuple(k.shape)}, "
+            f"{tuple(v.shape)}"
+        )
+    B, Hq, Lq, D = q.shape
+    _, H, Lk, Dk = k.shape
+    if k.shape[0] != B or Dk != D or Hq % H:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} do not match (batch, head_dim, Hq % H == 0)")
+    if Lq > Lk:
+        raise ValueError(f"more queries ({Lq}) than keys ({Lk}): append the keys to the cache first")
+    if tuple(plan.modes.shape) != (B, H):
+        raise ValueError(f"plan is for {tuple(plan.modes.shape)} (batch, KV heads); inputs have ({B}, {H})")
+    if plan.blocks is not None:  # present iff a head is BLOCK_SPARSE (HeadPlan checks); no device sync here
+        n_blocks = -(-Lk // plan.block_size)
+        if plan.blocks.shape != (B, Hq, n_blocks):
+            raise ValueError(
+                f"block selection covers {plan.blocks.shape} (batch, query heads, query blocks); "
+                f"expected {(B, Hq, n_blocks)}"
+            )
+
+
+register_backend("reference", naive_hybrid_attention, available=lambda device: True, priority=0)
+
+from . import external, flex, fused  # noqa: E402  (they import `HeadPlan` only; registered below)
+
+# GPU backends, fastest first (priorities from the H200 measurements in docs/benchmarks.md, "Kernels").
+register_backend("split", fused.split_hybrid_attention, available=fused.available, priority=30,
+                 prefer=fused.split_pays_off)
+register_backend("triton", fused.triton_hybrid_attention, available=fused.available, priority=20)
+register_backend("flex", flex.flex_hybrid_attention, available=flex.available, priority=10)
+register_backend("block_sparse_attn", external.block_sparse_attn, available=external.block_sparse_attn_available,
+                 priority=5)
+register_backend("flash_attn", external.flash_attn, available=external.flash_attn_available, priority=4)

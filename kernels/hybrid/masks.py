@@ -1,0 +1,69 @@
+"""Token-level mask predicates, one per HeadPlan mode (the `mask_mod` twins of attention-gym).
+
+Each factory returns ``mask(q_pos, kv_pos) -> bool`` over broadcastable integer tensors of *absolute* positions
+(``q_pos = Lk - Lq + i``). True means the pair is computed. The reference kernel evaluates these directly; the
+FlexAttention backend wraps them into ``mask_mod(b, h, q_idx, kv_idx)``; tests compare every kernel against them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..plan import Mode, StreamingGeometry
+
+MaskFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def causal() -> MaskFn:
+    """Dense causal: ``kv <= q``."""
+
+    def mask(q, kv):
+        return kv <= q
+
+    mask.__name__ = "causal"
+    return mask
+
+
+def streaming(geometry: StreamingGeometry, block_size: int = 128) -> MaskFn:
+    """Sink + local window (``(causal & window) | (causal & sink)``), token- or block-granular."""
+    if geometry.granularity == "token":
+        sink, local = geometry.sink, geometry.local
+
+        def mask(q, kv):
+            return (kv <= q) & ((kv < sink) | (q - kv < local))
+
+        mask.__name__ = f"streaming_token_{sink}_{local}"
+    else:
+        sink_blocks, local_blocks = geometry.blocks(block_size)
+
+        def mask(q, kv):
+            qb, kb = q // block_size, kv // block_size
+            return (kv <= q) & ((kb < sink_blocks) | (qb - kb < local_blocks))
+
+        mask.__name__ = f"streaming_block_{sink_blocks}_{local_blocks}"
+    return mask
+
+
+def block_sparse(table: torch.Tensor, block_size: int = 128) -> MaskFn:
+    """Selected blocks of ``table [nQ, nK]`` (bool, absolute block rows), causal inside diagonal blocks."""
+
+    def mask(q, kv):
+        return (kv <= q) & table[q // block_size, kv // block_size]
+
+    mask.__name__ = "block_sparse"
+    return mask
+
+
+def for_mode(mode: Mode, geometry: StreamingGeometry, block_size: int, table: torch.Tensor | None = None) -> MaskFn:
+    """The predicate of one head; ``table`` is that query head's dense block mask for BLOCK_SPARSE."""
+    if mode == Mode.FULL:
+        return causal()
+    if mode == Mode.STREAMING:
+        return streaming(geometry, block_size)
+    if mode == Mode.BLOCK_SPARSE:
+        if table is None:
+            raise ValueError("BLOCK_SPARSE needs a block table")
+        return block_sparse(table, block_size)
+    raise ValueError(f"unknown mode {mode!r}")

@@ -1,0 +1,132 @@
+"""XAttention block selection: antidiagonal scoring and threshold selection, output as a `BlockSelection`.
+
+XAttention (Xu et al., ICML 2025, https://arxiv.org/abs/2503.16428; upstream mit-han-lab/x-attention,
+``xattn/src/Xattention.py``), written from the paper and a reading of that code; none of it is copied.
+
+Design decisions:
+- Positions are absolute (bottom-right alignment when ``Lq < Lk``): query tile ``t`` covers positions
+  ``[t·S, (t+1)·S)``; tiles are zero-padded where they reach before the first query or past the last key, key tiles
+  past the end are excluded, and query tiles without a query contribute nothing.
+- Scoring ("inverse" antidiagonal, stride S): ``score[t_q, t_k] = Σ_u q[t_q·S + S-1-u] · k[t_k·S + u] / (√d · S)``
+  on the causal tile grid (``t_k <= t_q``), fp32 softmax over the key tiles of each query tile, summed into
+  ``block_size / S`` square groups: block scores ``[B, Hq, nB, nB]``, ``nB = ceil(Lk / block_size)``.
+- Selection per query-block row ``r``: block 0 and the diagonal block ``r`` are always kept and count toward the
+  target ``τ · Σ_c score[r, c]``; blocks ``0 < c < r`` are added by descending score (ties: lower index first) while
+  the mass accumulated *before* adding one is below the target, so the crossing block is included.
+- Three implementations with one contract: plain PyTorch (``backend="reference"``, the ground truth), fused Triton
+  (``backend="triton"``, `triton_xattention`), which never materialises the tile-score matrix, and cuBLAS GEMMs over
+  causal chunks of that matrix with a Triton epilogue (``backend="gemm"``; it rounds the tile scores to the input
+  dtype before the softmax, so near-tie blocks can flip). ``auto`` takes the faster on the H200 (`docs/benchmarks.md`):
+  ``triton`` below `GEMM_MIN_KEYS` keys, ``gemm`` from there. Both GPU backends share the Triton selection.
+- Only the KV heads marked in ``heads`` (e.g. the BLOCK_SPARSE heads of a plan) are scored; other rows stay empty.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..hybrid.fused import available as triton_available
+from ..plan import BlockSelection
+from .naive import antidiagonal_scores_naive, query_head_flags, select_blocks_naive, thresholds
+
+GEMM_MIN_KEYS = 65536  # from here `auto` scores with cuBLAS (H200: Triton faster up to 48K, GEMMs from 64K)
+
+
+def xattention_select(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    threshold: float | torch.Tensor = 0.9,
+    stride: int = 16,
+    block_size: int = 128,
+    heads: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> BlockSelection:
+    """Select key blocks per (sample, query head, query block) with XAttention.
+
+    Args:
+        q: ``[B, Hq, Lq, D]`` post-RoPE queries (the queries of this call, at absolute positions ``Lk - Lq + i``).
+        k: ``[B, H, Lk, D]`` post-RoPE keys, not repeated for GQA.
+        threshold: τ, a float or a per-query-head tensor ``[Hq]``.
+        stride: antidiagonal stride S (8 or 16; must divide ``block_size``).
+        block_size: block size of the selection (128 as Block-Sparse-Attention).
+        heads: bool ``[B, H]``: KV heads to score (all when None); the rows of other heads are empty.
+        backend: ``"auto"`` (on CUDA ``triton`` below `GEMM_MIN_KEYS` keys, ``gemm`` from there; else reference),
+            ``"triton"``, ``"gemm"`` or ``"reference"``.
+
+    Returns:
+        `BlockSelection` with rows ``[B, Hq, ceil(Lk / block_size)]``, for `HeadPlan.blocks`.
+    """
+    scores = antidiagonal_scores(q, k, stride, block_size, heads, backend)
+    B, Hq, Lq, _ = q.shape
+    tau, need = thresholds(threshold, Hq, q.device), query_head_flags(heads, B, Hq, q.device)
+    if _backend(backend, q.device) != "reference":
+        from .fused import csr_from_mask_triton, select_blocks_triton
+
+        return csr_from_mask_triton(*select_blocks_triton(scores, tau, need, Lq, k.shape[2], block_size))
+    return BlockSelection.from_dense(select_blocks_naive(scores, tau, need, Lq, k.shape[2], block_size))
+
+
+def _backend(backend: str, device: torch.device, k_len: int = 0) -> str:
+    if backend == "auto":
+        if not (triton_available(device) and device.type == "cuda"):
+            return "reference"
+        return "gemm" if k_len >= GEMM_MIN_KEYS else "triton"
+    if backend not in ("triton", "gemm", "reference"):
+        raise ValueError(f"XAttention backend must be auto, triton, gemm or reference; got {backend!r}")
+    if backend != "reference" and not triton_available(device):
+        raise RuntimeError(f"Triton is not available on {device} (set TRITON_INTERPRET=1 to run it on the CPU)")
+    return backend
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, stride: int, block_size: int) -> None:
+    if q.dim() != 4 or k.dim() != 4 or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3] or q.shape[1] % k.shape[1]:
+        raise ValueError(f"expected q [B, Hq, Lq, D] and k [B, H, Lk, D]; got {tuple(q.shape)}, {tuple(k.shape)}")
+    if q.shape[2] > k.shape[2]:
+        raise ValueError(f"more queries ({q.shape[2]}) than keys ({k.shape[2]})")
+    if stride < 1 or block_size % stride:
+        raise ValueError(f"the stride ({stride}) must divide the block size ({block_size})")
+
+
+def antidiagonal_scores(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    stride: int = 16,
+    block_size: int = 128,
+    heads: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Normalised antidiagonal block scores ``[B, Hq, nB, nB]`` (fp32; each scored row sums to its query tiles' count).
+
+    Shapes as `xattention_select`; rows of unscored heads and rows without queries are zero.
+    """
+    _check(q, k, stride, block_size)
+    backend = _backend(backend, q.device, k.shape[2])
+    if backend == "triton":
+        from .fused import antidiagonal_scores_triton
+
+        return antidiagonal_scores_triton(q, k, stride, block_size, heads)
+    if backend == "gemm":
+        from .fused import antidiagonal_scores_gemm
+
+        return antidiagonal_scores_gemm(q, k, stride, block_size, heads)
+    return antidiagonal_scores_naive(q, k, stride, block_size, heads)
+
+
+def select_blocks(
+    scores: torch.Tensor,
+    threshold: float | torch.Tensor,
+    q_len: int,
+    k_len: int,
+    block_size: int = 128,
+    heads: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Threshold selection on block scores ``[B, Hq, nB, nB]`` → bool mask ``[B, Hq, nB, nB]`` (see module doc;
+    ``gemm`` selects as ``triton``)."""
+    B, Hq, nB, _ = scores.shape
+    tau, need = thresholds(threshold, Hq, scores.device), query_head_flags(heads, B, Hq, scores.device)
+    if _backend(backend, scores.device) != "reference":
+        from .fused import select_blocks_triton
+
+        return select_blocks_triton(scores, tau, need, q_len, k_len, block_size)[0]
+    return select_blocks_naive(scores, tau, need, q_len, k_len, block_size)

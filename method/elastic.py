@@ -1,0 +1,233 @@
+"""Elastic Attention: a trained router per layer sends each KV head to full or sparse attention at prefill.
+
+Paper: "Elastic Attention: Test-time Adaptive Sparsity Ratios for Efficient Transformers",
+https://arxiv.org/abs/2601.17367. The router, relaxation, objective and trainer live in `elastic_bench.method`; this
+module adapts them to the `Method` interface.
+
+Design decisions:
+- Routers are held by the method (one `AttentionRouter` per layer, keyed by ``layer_idx``), not attached to the
+  model, so the backbone's parameters and state dict are untouched and data-parallel training can shard the backbone
+  while the routers stay replicated.
+- Where the routers come from, in order: routers already set on the method (the trainer's), the ``router=`` path (an
+  elastic-bench checkpoint or a released model directory), a checkpoint shipped next to the model in
+  ``<model dir>/elastic_router/``, else fresh untrained routers (seeded; a warning says so).
+- Prefill (one shot): each sample is routed on its own pre-RoPE keys (the glue plans padded and packed batches one
+  sample at a time), with the deterministic argmax. A later prefill chunk reuses the decision its sample got at the
+  first chunk (the router never sees the whole prompt in chunked prefill; this is elastic-bench's variant, the paper
+  defines one-shot prefill only). Decode steps attend the whole cache (all FULL), as upstream.
+- Training: the trainer passes a `TrainingRoute` with each forward (keyword ``training_route``, which reaches the
+  method as `AttentionCall.training_route`); the decision is the straight-through Gumbel sample ``r``, recorded into
+  the route per (sample, layer), and the attention output mixes both branches per KV head,
+  ``out = r·full_side + (1 − r)·sparse_side`` (``attend``). Nothing of a training forward is kept on the method, and
+  a layer recomputed in backward (gradient checkpointing) gets the same route, so the same noise and decisions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from elastic_bench.interface import AttentionCall, Method, register_method
+from elastic_bench.kernels import HeadPlan, hybrid_attention
+
+SHIPPED_ROUTER_DIR = "elastic_router"
+
+
+class TrainingRoute:
+    """The training state of one forward of N packed samples; the trainer builds one per forward and passes it as the
+    forward's ``training_route`` keyword.
+
+    A plain class, not a dataclass: FSDP2 maps over dataclass inputs of a sharded module's forward and hands it a
+    copy (``torch.distributed.utils._apply_to_tensors``), whereas the decisions must land in this object, and a layer
+    recomputed in backward must see it again.
+
+    Attributes:
+        tau: Gumbel temperature.
+        noise: ``[N, L, H, 2]`` Gumbel noise of the forward's samples (the same tensor when a layer is recomputed in
+            backward, so the recomputation takes the same decisions).
+        prompt_lens: ``[N]`` prompt length of each sample: the router pools the prompt tokens only, as at inference.
+        pooling: pooling used in training (None: the router's own; ``"mean"`` reproduces the official training).
+        decisions: filled by the method: ``(sample, layer) -> r [H]``, the straight-through decision of each KV head
+            (1 = full side; hard in the forward pass, the relaxed sample's gradient in backward).
+    """
+
+    def __init__(self, tau: float, noise: torch.Tensor, prompt_lens: list[int], pooling: str | None = None):
+        self.tau, self.noise, self.prompt_lens, self.pooling = tau, noise, prompt_lens, pooling
+        self.decisions: dict[tuple[int, int], torch.Tensor] = {}
+
+    def __repr__(self) -> str:
+        return (f"TrainingRoute(tau={self.tau}, noise={tuple(self.noise.shape)}, prompt_lens={self.prompt_lens}, "
+                f"pooling={self.pooling!r}, decisions={len(self.decisions)})")
+
+    def stacked(self, num_layers: int) -> torch.Tensor:
+        """The decisions as ``r [N, L, H]``; raises if a (sample, layer) was not routed."""
+        try:
+            return torch.stack([
+                torch.stack([self.decisions[(s, layer)] for layer in range(num_layers)])
+                for s in range(len(self.prompt_lens))
+            ])
+        except KeyError as err:
+            raise RuntimeError(f"elastic: no routing decision recorded for (sample, layer) {err}") from None
+
+
+@register_method("elastic", "elastic_attention")
+@dataclass
+class Elastic(Method):
+    """Elastic Attention: per-prompt routing of every KV head to the full or the sparse side at prefill.
+
+    Args:
+        router: router checkpoint directory (``router.safetensors`` + ``router_config.json``, or a released model
+            directory); None: a router shipped with the model, else untrained routers.
+        mode: ``fa-ssa``, ``fa-xa`` or ``xa-ssa``; None: the checkpoint's (``fa-ssa`` for fresh routers).
+        sink, local, granularity: streaming geometry; None: the checkpoint's (128, 2048, ``block`` by default).
+        xa_threshold: XAttention threshold τ; None: the checkpoint's (0.9 by default).
+        seed: initialisation seed of fresh routers.
+    """
+
+    router: str | None = None
+    mode: Literal["fa-ssa", "fa-xa", "xa-ssa"] | None = None
+    sink: int | None = None
+    local: int | None = None
+    granularity: Literal["token", "block"] | None = None
+    xa_threshold: float | None = None
+    seed: int = 0
+
+    needs_pre_rope_keys = True
+
+    def __post_init__(self):
+        self.routers = None  # elastic_bench.method.RouterBank, set by setup() or by the trainer
+        self._decided: dict[int, dict[int, torch.Tensor]] = {}  # layer -> sample -> [H] bool (full side)
+        self._sparse_side = self._routed = 0
+
+    def label(self) -> str:
+        """Name plus changed knobs (a run-folder name): a router path is shortened to its last component."""
+        if self.router is None:
+            return super().label()
+        return Method.label(dataclasses.replace(self, router=Path(self.router).name))
+
+    def overrides(self) -> dict[str, Any]:
+        """The `ModeConfig` fields set on this method (they replace a checkpoint's)."""
+        knobs = {"mode": self.mode, "sink": self.sink, "local": self.local, "granularity": self.granularity,
+                 "xa_threshold": self.xa_threshold}
+        return {k: v for k, v in knobs.items() if v is not None}
+
+    # ---- setup ---------------------------------------------------------------------------------------------------
+
+    def setup(self, model: nn.Module) -> None:
+        from elastic_bench.method import ModeConfig, RouterConfig, load_routers
+
+        layout = model_layout(model)
+        if self.routers is None:
+            model_dir = getattr(model.config, "_name_or_path", "")
+            shipped = Path(model_dir) / SHIPPED_ROUTER_DIR if model_dir and Path(model_dir).is_dir() else None
+            if self.router is not None:
+                self.routers = load_routers(self.router, **self.overrides())
+            elif shipped is not None and (shipped / "router_config.json").exists():
+                self.routers = load_routers(shipped, **self.overrides())
+            else:
+                warnings.warn("elastic: no router checkpoint given; using untrained routers", stacklevel=2)
+                config = RouterConfig(*layout, base_model=model_dir, attention=ModeConfig(**self.overrides()))
+                self.routers = config.build()
+                gen = torch.Generator().manual_seed(self.seed)
+                for router in self.routers.layers:
+                    router.reset_parameters(gen)
+        config = self.routers.config
+        if (config.num_layers, config.num_kv_heads, config.head_dim) != layout:
+            raise ValueError(
+                f"router checkpoint {self.router or config.base_model!r} is for {config.layout()}; the model has "
+                f"{layout[0]} layers × {layout[1]} KV heads × head_dim {layout[2]}"
+            )
+        self.routers.to(next(model.parameters()).device)
+        self._decided.clear()
+        self._sparse_side = self._routed = 0
+
+    def teardown(self, model: nn.Module) -> None:
+        self._decided.clear()
+
+    # ---- planning ------------------------------------------------------------------------------------------------
+
+    def prefill_plan(self, call: AttentionCall) -> HeadPlan:
+        modes = self.routers.config.attention
+        if call.phase == "chunk":
+            decided = self._decided.get(call.layer_idx, {})
+            missing = [s for s in call.sample_ids if s not in decided]
+            if missing:
+                raise RuntimeError(f"elastic: prefill chunk of samples {missing} without a routed first chunk")
+            return modes.plan(torch.stack([decided[s] for s in call.sample_ids]), call.query, call.key)
+        if call.training_route is not None:
+            return self._training_plan(call, call.training_route)
+        router = self.routers[call.layer_idx]
+        with torch.no_grad():
+            full_side = router.decide(router(call.pre_rope_keys))
+        layer = self._decided.setdefault(call.layer_idx, {})
+        for row, sample in enumerate(call.sample_ids):
+            layer[sample] = full_side[row]
+        self._sparse_side += int((~full_side).sum())
+        self._routed += full_side.numel()
+        return modes.plan(full_side, call.query, call.key)
+
+    def _training_plan(self, call: AttentionCall, route: TrainingRoute) -> HeadPlan:
+        from elastic_bench.method.relaxation import relax
+
+        modes = self.routers.config.attention
+        if call.batch_size != 1:
+            raise ValueError("elastic training expects packed rows (batch 1, cu_seq_lens_q/k)")
+        sample = call.sample_ids[0]
+        keys = call.pre_rope_keys[:, :, : route.prompt_lens[sample]]
+        logits = self.routers[call.layer_idx](keys, pooling=route.pooling)  # [1, H, 2]
+        noise = route.noise[sample, call.layer_idx].to(logits.device)
+        r = relax(logits, noise[None], route.tau)  # [1, H], hard forward, soft gradient
+        route.decisions[(sample, call.layer_idx)] = r[0]
+        return modes.plan(r.detach() > 0.5, call.query, call.key)
+
+    def attend(self, call: AttentionCall, plan: HeadPlan, scale: float | None, backend: str) -> torch.Tensor:
+        """Inference: the plan's attention. Training (``call.training_route`` set): ``r·full + (1 − r)·sparse`` per KV
+        head, with ``r`` the route's decision of the call's (sample, layer) expanded to the head's G query heads;
+        both branches for every head.
+
+        With a compiled backend (``flex``, which compiles once per sequence length) the training branches run on
+        zero-padded tensors whose length is rounded up to one of four lengths per octave (at most 25% more work):
+        the padding sits after every real query, so causal attention of the real tokens is unchanged."""
+        route = call.training_route
+        if route is None:
+            return super().attend(call, plan, scale, backend)
+        r = route.decisions[(call.sample_ids[0], call.layer_idx)][None]  # [1, H], set by this call's prefill_plan
+        modes = self.routers.config.attention
+        q, k, v = call.query, call.key, call.value
+        length = k.shape[2]
+        padded = _bucket_length(length, modes.block_size) if backend == "flex" else length
+        if padded > length:
+            q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, padded - length)) for x in (q, k, v))
+        full = hybrid_attention(q, k, v, modes.side_plan(True, q, k), scale=scale, backend=backend)
+        sparse = hybrid_attention(q, k, v, modes.side_plan(False, q, k), scale=scale, backend=backend)
+        G = q.shape[1] // k.shape[1]
+        z = r.repeat_interleave(G, dim=1)[:, :, None, None].to(full.dtype)  # [1, Hq, 1, 1]
+        return (sparse + z * (full - sparse))[:, :, : call.query.shape[2]]
+
+    def extra_stats(self) -> dict[str, Any]:
+        """``router_sparse_fraction``: share of (prompt, layer, KV head) decisions routed to the sparse side (router
+        index 0) since `setup` (equal to ΩMSR in FA-SSA/FA-XA; the streaming share in XA-SSA)."""
+        if not self._routed:
+            return {}
+        return {"router_sparse_fraction": self._sparse_side / self._routed}
+
+
+def _bucket_length(length: int, block_size: int) -> int:
+    """``length`` rounded up to whole blocks, then to one of 4 block counts per octave (4·2^e, 5·2^e, ..., 8·2^e)."""
+    blocks = -(-length // block_size)
+    step = 1 << max(0, blocks.bit_length() - 3)
+    return -(-blocks // step) * step * block_size
+
+
+def model_layout(model: nn.Module) -> tuple[int, int, int]:
+    """(layers, KV heads, head_dim) of a transformers causal LM."""
+    from elastic_bench.attention import attention_modules
+
+    modules = attention_modules(model)
+    return len(modules), int(modules[0].config.num_key_value_heads), int(modules[0].head_dim)

@@ -1,0 +1,227 @@
+"""The import contract (elastic_bench/devtools/imports.py): the real tree passes, and each rule catches its breach."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from elastic_bench.devtools import imports
+
+REPO = Path(__file__).resolve().parents[1]
+
+PYPROJECT = """\
+[project]
+name = "toy"
+
+[tool.setuptools.package-dir]
+"elastic_bench" = "elastic_bench"
+"elastic_bench.method" = "method"
+"elastic_bench.kernels" = "kernels"
+"elastic_bench.tasks" = "tasks"
+"elastic_bench.reports" = "reports"
+
+[tool.ruff]
+line-length = 120
+"""
+
+# A clean miniature of the real layout; each test adds or replaces a file to break one rule.
+CLEAN = {
+    "elastic_bench/__init__.py": "",
+    "elastic_bench/registry.py": "import json\n",
+    "elastic_bench/interface.py": "from elastic_bench.kernels import HeadPlan, __version__\n",  # dunders are public
+    "elastic_bench/attention.py": "from elastic_bench.interface import Method\n",
+    "elastic_bench/runner.py": "from elastic_bench import tasks\nfrom elastic_bench.kernels import plan\n",
+    "elastic_bench/cli.py": "def main():\n    from elastic_bench.runner import run\n",
+    "elastic_bench/testbed/__init__.py": "from elastic_bench.tasks.base import Task\n",
+    "elastic_bench/testbed/training/train.py": "from elastic_bench.method import router\n",  # a namespace package
+    "kernels/__init__.py": "from .plan import HeadPlan\n",
+    "kernels/plan.py": textwrap.dedent("""\
+        from typing import TYPE_CHECKING
+
+        from elastic_bench.registry import Registry
+
+        if TYPE_CHECKING:
+            from elastic_bench.runner import RunConfig
+        """),
+    "kernels/hybrid/__init__.py": "",
+    "kernels/hybrid/fused.py": "from ..plan import HeadPlan\n_x = 1\n",
+    "kernels/hybrid/flex.py": "from elastic_bench.kernels.hybrid.fused import _x\n",  # private, but the same pillar
+    "tasks/__init__.py": "",
+    "tasks/base.py": "from elastic_bench.registry import Registry\n",
+    "reports/__init__.py": "import json\n",
+    "method/__init__.py": "",
+    "method/router.py": "import torch\nfrom elastic_bench.kernels import plan\nfrom elastic_bench.interface import M\n",
+    "tests/test_toy.py": "import elastic_bench.devtools\n",  # tests/ is no package: not checked
+}
+
+
+def run_tree(tmp_path: Path, capsys, changes: dict[str, str] | None = None) -> tuple[int, str]:
+    """Write CLEAN, with ``changes`` (path -> source) on top, into ``tmp_path``; run the checker: exit code, output."""
+    files = {**CLEAN, **(changes or {})}
+    (tmp_path / "pyproject.toml").write_text(PYPROJECT)
+    for rel, text in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    code = imports.main(["--root", str(tmp_path)])
+    return code, capsys.readouterr().out
+
+
+def check(tmp_path: Path, capsys, changes: dict[str, str]) -> tuple[int, list[str]]:
+    """Exit code and the violation/cycle lines of CLEAN plus ``changes``."""
+    code, out = run_tree(tmp_path, capsys, changes)
+    lines = out.splitlines()
+    heads = [i for i, line in enumerate(lines) if "violation(s)" in line]
+    return code, [line.strip() for line in lines[heads[0] + 1 :]] if heads else []
+
+
+def test_real_tree_passes(capsys):
+    code = imports.main(["--root", str(REPO)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "no reverse edge, no cycle" in out
+
+
+def test_clean_toy_tree_passes(tmp_path, capsys):
+    code, out = run_tree(tmp_path, capsys)
+    assert code == 0, out
+    assert out.splitlines()[0].startswith("layers")
+    assert "  2. pillars           8 modules" in out  # kernels 5, tasks 2, reports 1
+    assert out.splitlines()[-1] == "no reverse edge, no cycle"
+
+
+def test_reverse_edge(tmp_path, capsys):
+    code, found = check(tmp_path, capsys, {"kernels/bad.py": "import os\nimport elastic_bench.runner\n"})
+    assert code == 1
+    assert found == ["kernels/bad.py:2  elastic_bench.kernels.bad -> elastic_bench.runner  "
+                     "(reverse edge: pillars may not import front)"]
+
+
+def test_nothing_imports_devtools(tmp_path, capsys):
+    code, found = check(tmp_path, capsys, {"elastic_bench/devtools/__init__.py": "",
+                                           "elastic_bench/cli.py": "from elastic_bench.devtools import imports\n"})
+    assert code == 1
+    assert found == ["elastic_bench/cli.py:1  elastic_bench.cli -> elastic_bench.devtools  "
+                     "(reverse edge: front may not import devtools)"]
+
+
+def test_type_checking_import_is_ignored_but_the_same_import_unguarded_is_not(tmp_path, capsys):
+    code, found = check(tmp_path, capsys, {"kernels/plan.py": "from elastic_bench.runner import RunConfig\n"})
+    assert code == 1
+    assert found == ["kernels/plan.py:1  elastic_bench.kernels.plan -> elastic_bench.runner  "
+                     "(reverse edge: pillars may not import front)",
+                     "cycle: elastic_bench.kernels.plan <-> elastic_bench.runner"]  # runner imports kernels.plan
+
+
+def test_cycle(tmp_path, capsys):
+    code, found = check(tmp_path, capsys, {"elastic_bench/interface.py": "def f():\n    from . import attention\n"})
+    assert code == 1
+    assert found == ["cycle: elastic_bench.attention <-> elastic_bench.interface"]
+
+
+def test_three_module_cycle_through_a_package_init(tmp_path, capsys):
+    code, found = check(tmp_path, capsys, {
+        "tasks/__init__.py": "from .base import Task\n",
+        "tasks/base.py": "from .ruler import Ruler\n",
+        "tasks/ruler.py": "import elastic_bench.tasks\n",
+    })
+    assert code == 1
+    assert found == ["cycle: elastic_bench.tasks <-> elastic_bench.tasks.base <-> elastic_bench.tasks.ruler"]
+
+
+def test_reports_import_no_torch(tmp_path, capsys):
+    code, found = check(tmp_path, capsys, {"reports/render.py": "import json\nimport torch.nn as nn\n"})
+    assert code == 1
+    assert found == ["reports/render.py:2  elastic_bench.reports.render -> torch.nn  (reports import no torch)"]
+
+
+def test_lazy_import_inside_a_function_counts(tmp_path, capsys):
+    lazy = "class A:\n    def f(self):\n        if True:\n            from elastic_bench.tasks import base\n"
+    code, found = check(tmp_path, capsys, {"kernels/lazy.py": lazy})
+    assert code == 1
+    assert found == ["kernels/lazy.py:4  elastic_bench.kernels.lazy -> elastic_bench.tasks.base  "
+                     "(pillars entries are separate: elastic_bench.kernels may not import elastic_bench.tasks)"]
+
+
+def test_relative_import_is_resolved(tmp_path, capsys):
+    code, found = check(tmp_path, capsys, {"kernels/hybrid/naive.py": "from ..plan import HeadPlan\n"
+                                                                      "from ... import runner\n"})
+    assert code == 1
+    assert found == ["kernels/hybrid/naive.py:2  elastic_bench.kernels.hybrid.naive -> elastic_bench.runner  "
+                     "(reverse edge: pillars may not import front)"]
+
+
+def test_method_does_not_import_tasks(tmp_path, capsys):
+    code, found = check(tmp_path, capsys, {"method/data.py": "def f():\n    from elastic_bench.tasks.base import x\n"})
+    assert code == 1
+    assert found == ["method/data.py:2  elastic_bench.method.data -> elastic_bench.tasks.base  "
+                     "(method imports kernels and the core, not tasks)"]
+
+
+def test_private_name_across_pillars(tmp_path, capsys):
+    code, found = check(tmp_path, capsys, {"reports/collect.py": "from elastic_bench.tasks.base import _score\n"})
+    assert code == 1
+    assert "reports/collect.py:1  elastic_bench.reports.collect -> elastic_bench.tasks.base  " \
+           "(private name _score imported from another part)" in found
+
+
+def test_private_name_across_layers_even_where_the_edge_is_allowed(tmp_path, capsys):
+    code, found = check(tmp_path, capsys, {"method/router.py": "from elastic_bench.kernels.plan import Plan, _tile\n",
+                                           "elastic_bench/runner.py": "from elastic_bench.kernels import _impl\n"})
+    assert code == 1
+    assert found == [  # sorted by importing module
+        "method/router.py:1  elastic_bench.method.router -> elastic_bench.kernels.plan  "
+        "(private name _tile imported from another part)",
+        "elastic_bench/runner.py:1  elastic_bench.runner -> elastic_bench.kernels  "
+        "(private name _impl imported from another part)",
+    ]
+
+
+def test_unassigned_module(tmp_path, capsys):
+    code, found = check(tmp_path, capsys, {"elastic_bench/sparsity.py": "import math\n"})
+    assert code == 1
+    assert found == ["elastic_bench/sparsity.py:1  elastic_bench.sparsity  (unassigned module: give it a layer)"]
+
+
+def test_import_of_a_missing_module(tmp_path, capsys):
+    code, found = check(tmp_path, capsys, {"elastic_bench/cli.py": "import elastic_bench.methods.base\n"})
+    assert code == 1
+    assert found == ["elastic_bench/cli.py:1  elastic_bench.cli -> elastic_bench.methods.base  (no such module)"]
+
+
+def test_from_import_counts_a_submodule_else_the_package(tmp_path):
+    (tmp_path / "pyproject.toml").write_text(PYPROJECT)
+    for rel in ("kernels/__init__.py", "kernels/plan.py", "kernels/hybrid/__init__.py", "kernels/hybrid/fused.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    source = (
+        "from elastic_bench.kernels import plan, HeadPlan\nfrom . import fused\n"
+        "import elastic_bench.kernels.hybrid\n"
+    )
+    (tmp_path / "kernels/hybrid/flex.py").write_text(source)
+    modules, folders = imports.find_modules(tmp_path)
+    assert sorted(modules) == ["elastic_bench.kernels", "elastic_bench.kernels.hybrid",
+                               "elastic_bench.kernels.hybrid.flex", "elastic_bench.kernels.hybrid.fused",
+                               "elastic_bench.kernels.plan"]
+    found = sorted(imports.imports_of("elastic_bench.kernels.hybrid.flex", tmp_path / "kernels/hybrid/flex.py",
+                                      set(modules) | folders))
+    assert found == [(1, "elastic_bench.kernels", "HeadPlan"), (1, "elastic_bench.kernels.plan", None),
+                     (2, "elastic_bench.kernels.hybrid.fused", None), (3, "elastic_bench.kernels.hybrid", None)]
+
+
+def test_package_dir_without_tomllib_matches_tomllib(monkeypatch):
+    expected = imports.package_dirs(REPO)
+    assert expected["elastic_bench.kernels"] == "kernels"
+    monkeypatch.setitem(sys.modules, "tomllib", None)  # `import tomllib` now raises ImportError
+    monkeypatch.setitem(sys.modules, "tomli", None)
+    assert imports.package_dirs(REPO) == expected
+
+
+def test_bad_usage_exits_2(tmp_path, capsys):
+    assert imports.main(["--root", str(tmp_path / "nowhere")]) == 2
+    with pytest.raises(SystemExit) as exit_:
+        imports.main(["--no-such-flag"])
+    assert exit_.value.code == 2

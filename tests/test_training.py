@@ -1,0 +1,194 @@
+"""The training engine: resume, time limit, fingerprint, log, the pickle-free training state, legacy states refused."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+import torch
+from torch import nn
+
+from elastic_bench.training import (
+    LOG_FILE,
+    STATE_JSON,
+    STATE_TENSORS,
+    Objective,
+    RunOptions,
+    fingerprint,
+    fit,
+    read_state,
+)
+
+
+class Steps(torch.utils.data.Dataset):
+    """Item ``s``: 3 micro-batches of (x [4, 3], y [4]) drawn from (seed, s) alone."""
+
+    def __init__(self, steps: int, seed: int = 0):
+        self.steps, self.seed = steps, seed
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getitem__(self, step: int):
+        gen = torch.Generator().manual_seed(self.seed * 1000 + step)
+        return [(torch.randn(4, 3, generator=gen), torch.randn(4, generator=gen)) for _ in range(3)]
+
+
+class Regression(Objective):
+    """Least squares of a linear model plus a scalar offset, in two param groups with their own rates."""
+
+    def __init__(self, steps: int, lr: float = 0.1):
+        torch.manual_seed(0)
+        self.linear, self.offset = nn.Linear(3, 1), nn.Module()
+        self.offset.value = nn.Parameter(torch.zeros(()))
+        self.modules = {"linear": self.linear, "offset": self.offset}
+        self.optimizer = torch.optim.AdamW([{"params": self.linear.parameters(), "lr": lr},
+                                            {"params": [self.offset.value], "lr": lr, "weight_decay": 0.0}])
+        self.batches = Steps(steps)
+        self.clipped = list(self.linear.parameters()) + [self.offset.value]
+        self.grad_clip = 1.0
+        self.grad_norms = {"linear": list(self.linear.parameters())}
+        self.steps, self.lr, self.saved, self.seen = steps, lr, [], []
+
+    def learning_rate(self, step):
+        return [self.lr * (1 - step / self.steps), self.lr / 2]
+
+    def losses(self, step, batch):
+        self.seen.append(step)
+        self.total = 0.0
+        for x, y in batch:
+            loss = ((self.linear(x)[:, 0] + self.offset.value - y) ** 2).mean() / len(batch)
+            yield loss
+            assert self.linear.weight.grad is not None  # the engine ran backward before resuming
+            self.total += float(loss.detach())
+
+    def record(self, step, seconds):
+        return {"loss": self.total, "lr": [g["lr"] for g in self.optimizer.param_groups]}
+
+    def save(self, step):
+        self.saved.append(step)
+
+
+def weights(objective: Regression) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in objective.linear.state_dict().items()} | {"offset": objective.offset.value.data}
+
+
+def run(tmp_path, steps=6, max_minutes=None, **fields):
+    objective = Regression(steps)
+    options = RunOptions(output=str(tmp_path), save_every=2, max_minutes=max_minutes, progress=False)
+    result = fit(objective, options, steps, fingerprint({"steps": steps, "lr": 0.1, **fields}))
+    return objective, result
+
+
+def test_a_run_stopped_and_resumed_equals_one_run_bit_for_bit(tmp_path, monkeypatch):
+    whole, result = run(tmp_path / "whole")
+    assert result.complete and result.start == 0 and [r["step"] for r in result.log] == [1, 2, 3, 4, 5, 6]
+    assert whole.saved == [2, 4, 6]
+    assert result.log[0]["lr"] == [0.1, 0.05] and result.log[1]["lr"] == pytest.approx([0.1 * 5 / 6, 0.05])
+    assert {"grad_norm", "linear_grad_norm"} <= result.log[0].keys()
+
+    stopped, first = run(tmp_path / "split", max_minutes=1e-9)  # the limit is up after the first step
+    assert not first.complete and first.done == 1 and stopped.saved == [1]
+    resumed, second = run(tmp_path / "split")
+    assert second.start == 1 and resumed.seen == [1, 2, 3, 4, 5] and second.complete
+    assert second.seconds >= first.seconds
+    for key, value in weights(whole).items():
+        assert torch.equal(weights(resumed)[key], value), key
+    assert [r["loss"] for r in second.log] == [r["loss"] for r in result.log]
+    lines = [json.loads(line) for line in (tmp_path / "split" / LOG_FILE).read_text().splitlines()]
+    assert lines == second.log
+    again, third = run(tmp_path / "split")  # complete: nothing more to train
+    assert again.seen == [] and third.complete and [r["step"] for r in third.log] == [1, 2, 3, 4, 5, 6]
+
+
+def test_the_log_is_cut_back_to_the_resumed_step(tmp_path):
+    run(tmp_path, steps=4)
+    with (tmp_path / LOG_FILE).open("a") as log:  # lines an interrupted run wrote after its last checkpoint
+        log.write(json.dumps({"step": 5, "loss": 0.0}) + "\n" + '{"step": 6, "lo')
+    _, result = run(tmp_path, steps=4)
+    assert [r["step"] for r in result.log] == [1, 2, 3, 4]
+    assert [json.loads(line)["step"] for line in (tmp_path / LOG_FILE).read_text().splitlines()] == [1, 2, 3, 4]
+
+
+def test_the_state_is_safetensors_plus_json_without_pickle(tmp_path):
+    objective, _ = run(tmp_path, steps=2)
+    record, tensors = read_state(tmp_path)
+    assert json.loads((tmp_path / STATE_JSON).read_text()) == record
+    assert record["step"] == 2 and record["modules"] == ["linear", "offset"]
+    assert record["fingerprint"] == {"steps": 2, "lr": 0.1}
+    assert torch.equal(tensors["linear.weight"], objective.linear.weight.detach())
+    optimizer = objective.optimizer.state_dict()
+    assert [g["lr"] for g in record["optimizer"]["param_groups"]] == [g["lr"] for g in optimizer["param_groups"]]
+    for index, state in optimizer["state"].items():
+        for key, value in state.items():
+            assert torch.equal(tensors[f"optimizer.{index}.{key}"], value)
+    assert not list(tmp_path.glob("*.pt")) and not list(tmp_path.glob("*.tmp"))
+    data = (tmp_path / STATE_TENSORS).read_bytes()  # a safetensors file: header length, JSON header, raw tensors
+    header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
+    assert json.loads(header["__metadata__"]["state"]) == record
+
+
+def test_a_different_configuration_is_refused_naming_the_fields(tmp_path):
+    run(tmp_path, steps=2)
+    with pytest.raises(ValueError, match=r"different configuration \(lr, seed\); use another --output"):
+        objective = Regression(2)
+        fit(objective, RunOptions(output=str(tmp_path), progress=False), 2,
+            fingerprint({"steps": 2, "lr": 0.2, "seed": 1}))
+    assert fingerprint({"a": (1, 2), "b": 3, "out": "x"}, exclude=("out",)) == {"a": [1, 2], "b": 3}
+
+
+class _Armed:
+    """A pickle that creates ``marker`` when unpickled."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _plant(folder, name, marker):
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / name, "wb") as handle:
+        pickle.dump({"step": 1, "payload": _Armed(marker)}, handle)
+
+
+def test_the_planted_pickle_is_armed(tmp_path):
+    """Sanity check of the crafted file: unpickling it does create the marker."""
+    _plant(tmp_path, "train_state.pt", tmp_path / "marker")
+    with open(tmp_path / "train_state.pt", "rb") as handle:
+        pickle.load(handle)
+    assert (tmp_path / "marker").exists()
+
+
+@pytest.mark.parametrize("name", ["train_state.pt", "checkpoint.pt"])
+def test_a_pickled_state_of_an_older_version_is_refused_without_loading_it(tmp_path, name):
+    from elastic_bench.method.trainer import TrainConfig as RouterConfig
+    from elastic_bench.method.trainer import train as train_router
+    from elastic_bench.testbed.training.train import TrainConfig as TestbedConfig
+    from elastic_bench.testbed.training.train import train as train_testbed
+
+    marker = tmp_path / "marker"
+    message = "written by an older elastic-bench; delete it or use another --output"
+    _plant(tmp_path / "engine", name, marker)
+    with pytest.raises(ValueError, match=message):
+        fit(Regression(2), RunOptions(output=str(tmp_path / "engine"), progress=False), 2, {})
+    _plant(tmp_path / "router", name, marker)
+    with pytest.raises(ValueError, match=message):
+        train_router(RouterConfig(model="tiny:qwen3", steps=1, rows_per_step=1, pack_tokens=1024,
+                                  synthetic_samples=4, synthetic_length=100, eval_samples=1, device="cpu",
+                                  targets={"sensitive": 0.5, "robust": 1.0}, output=str(tmp_path / "router")),
+                     progress=False)
+    _plant(tmp_path / "testbed", name, marker)
+    with pytest.raises(ValueError, match=message):
+        train_testbed(TestbedConfig(steps=1, batch_tokens=256, min_length=256, max_length=256, eval_samples=0),
+                      tmp_path / "testbed", device="cpu", progress=False)
+    assert not marker.exists()
+
+
+def test_run_options_are_checked():
+    with pytest.raises(ValueError, match="save_every"):
+        RunOptions(save_every=0)
+    with pytest.raises(ValueError, match="max_minutes"):
+        RunOptions(max_minutes=0)
