@@ -3,7 +3,9 @@
 Each command's options come from its config dataclass (`elastic_bench.options`: name, type and default from the
 field, help from the class docstring); the handlers import the pillars' entry points, heavy imports happen inside them
 so that ``--help`` is instant. Errors a user can cause (unknown names, bad values, missing files) end with one line on
-stderr and exit status 2, never a traceback.
+stderr and exit status 2, never a traceback; any other exception is a bug, reported in one line with exit status 1.
+``elastic-bench --debug COMMAND ...`` re-raises both, with the full traceback. What can be checked without a model
+(option values and ranges, devices, output paths, method knobs) is checked before any model loads.
 """
 
 from __future__ import annotations
@@ -41,6 +43,53 @@ def _method_options(items: list[str]) -> dict[str, dict[str, Any]]:
     return options
 
 
+# ---- checks shared by the commands ------------------------------------------------------------------------------
+
+
+def _file_above(path: Path) -> Path | None:
+    """The nearest existing ancestor of ``path`` when it is a file (nothing can be created under it), else None."""
+    for existing in path.parents:
+        if existing.exists():
+            return None if existing.is_dir() else existing
+    return None
+
+
+def _folder_output(path: str | Path, flag: str = "--output") -> None:
+    """Refuse an output folder that is an existing file, or lies inside one (before any work starts)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{flag} {path} is a file; expected a folder")
+    if blocked := _file_above(path):
+        raise ValueError(f"{flag} {path} lies inside {blocked}, which is a file; expected a folder")
+
+
+def _file_output(path: str | Path, flag: str = "--output") -> None:
+    """Refuse an output file that is an existing folder, or lies inside a file (before any work starts)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{flag} {path} is a folder; expected a file name")
+    if blocked := _file_above(path):
+        raise ValueError(f"{flag} {path} lies inside {blocked}, which is a file")
+
+
+def _check_device(device: str | None) -> None:
+    """Refuse a ``--device`` this machine does not have (`elastic_bench.models.check_device`), before a model loads."""
+    if device is not None:
+        from elastic_bench.models import check_device
+
+        check_device(device)
+
+
+def _at_least(flag: str, value: int | float | None, minimum: int) -> None:
+    if value is not None and value < minimum:
+        raise ValueError(f"{flag} must be >= {minimum}, got {value}")
+
+
+def _lengths(flag: str, lengths: list[int]) -> None:
+    if not lengths or any(length < 1 for length in lengths):
+        raise ValueError(f"{flag} must be positive token counts, got {','.join(map(str, lengths)) or 'none'}")
+
+
 # ---- configs of the commands that have no pillar config ---------------------------------------------------------
 
 
@@ -57,6 +106,11 @@ class DemoConfig:
     output: str = "runs/demo"
     limit: int = 3
     lengths: list[int] = field(default_factory=lambda: [1024, 2048, 4096])
+
+    def __post_init__(self):
+        _at_least("--limit", self.limit, 1)
+        _lengths("--lengths", self.lengths)
+        _folder_output(self.output)
 
 
 @dataclass
@@ -84,6 +138,9 @@ class TrainRun:
     max_minutes: float | None = None
     progress: bool = True
 
+    def __post_init__(self):
+        _at_least("--max-minutes", self.max_minutes, 0)
+
 
 @dataclass(kw_only=True)
 class TestbedTrainRun(TrainRun):
@@ -96,6 +153,11 @@ class TestbedTrainRun(TrainRun):
 
     output: str
     device: str | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        _folder_output(self.output)
+        _check_device(self.device)
 
 
 @dataclass
@@ -113,6 +175,12 @@ class TestbedDataConfig:
     samples: int = 64
     lengths: list[int] = field(default_factory=lambda: [1024, 2048, 4096])
     seed: int = 1
+
+    def __post_init__(self):
+        _at_least("--samples", self.samples, 1)
+        _lengths("--lengths", self.lengths)
+        _at_least("--seed", self.seed, 0)
+        _file_output(self.output)
 
 
 @dataclass
@@ -137,6 +205,15 @@ class TestbedEvalConfig:
     output: str | None = None
     device: str | None = None
 
+    def __post_init__(self):
+        _at_least("--samples", self.samples, 1)
+        _lengths("--lengths", self.lengths)
+        _at_least("--sink", self.sink, 0)
+        _at_least("--local", self.local, 1)
+        if self.output is not None:
+            _file_output(self.output)
+        _check_device(self.device)
+
 
 @dataclass
 class TestbedHeadsConfig:
@@ -158,6 +235,12 @@ class TestbedHeadsConfig:
     tasks: list[str] = field(default_factory=lambda: ["niah_single", "niah_multikey"])
     device: str | None = None
 
+    def __post_init__(self):
+        _at_least("--length", self.length, 1)
+        _at_least("--samples", self.samples, 1)
+        _file_output(self.output)
+        _check_device(self.device)
+
 
 @dataclass
 class TestbedProbeConfig:
@@ -175,6 +258,11 @@ class TestbedProbeConfig:
     samples: int = 16
     device: str | None = None
 
+    def __post_init__(self):
+        _at_least("--length", self.length, 1)
+        _at_least("--samples", self.samples, 1)
+        _check_device(self.device)
+
 
 ROUTER_FLAGS = {"targets": "--target", "local": "--local-window"}  # train-router: the flags of the recorded recipes
 
@@ -186,6 +274,8 @@ def _run(args) -> int:
     from elastic_bench.runner import RunConfig, format_rows, run
 
     config = from_args(RunConfig, args, method_options=_merged_method_options(args))
+    _check_device(config.device)
+    _folder_output(config.output)
     rows = run(config)
     print(format_rows(rows))
     print(f"results: {config.output} (tables and frontiers: elastic-bench report {config.output})")
@@ -248,6 +338,7 @@ def _report(args) -> int:
 
     config = from_args(ReportConfig, args)
     output = Path(config.output) if config.output else Path(config.run_dir) / "report"
+    _folder_output(output, "--output" if config.output else "the report folder")
     written = write_report(summarize(load_cells(config.run_dir)), output, source=config.run_dir)
     print(f"report written to {output / 'report.html'} and {output / 'report.md'} ({len(written)} files)")
     return 0
@@ -259,6 +350,8 @@ def _bench_kernel(args) -> int:
     from elastic_bench.provenance import provenance
 
     config = from_args(KernelBenchConfig, args)
+    _check_device(config.device)
+    _file_output(config.output)
     report = run_kernel_bench(config)
     report = {"provenance": provenance(report["device"]), "command": _command(args), **report}
     print(format_table(report))
@@ -273,7 +366,10 @@ def _train_router(args) -> int:
     from elastic_bench.method.trainer import TrainConfig, train
 
     run = from_args(TrainRun, args)
-    result = train(from_args(TrainConfig, args), progress=run.progress, max_minutes=run.max_minutes)
+    config = from_args(TrainConfig, args)
+    _check_device(config.device)
+    _folder_output(config.output)
+    result = train(config, progress=run.progress, max_minutes=run.max_minutes)
     if os.environ.get("RANK", "0") != "0":
         return 0
     if not result.final_omega:
@@ -304,8 +400,6 @@ def _testbed_data(args) -> int:
     from elastic_bench.testbed.training.records import write_records
 
     config = from_args(TestbedDataConfig, args)
-    if config.samples < 1:
-        raise ValueError(f"--samples must be at least 1, got {config.samples}")
     count = write_records(config.output, config.lengths, config.samples, config.seed)
     print(f"{count} records written to {config.output}")
     return 0
@@ -352,8 +446,6 @@ def _testbed_heads(args) -> int:
     from elastic_bench.testbed.vocab import build
 
     config = from_args(TestbedHeadsConfig, args)
-    if config.samples < 1:
-        raise ValueError(f"--samples must be at least 1, got {config.samples}")
     tasks = _testbed_tasks(config.tasks)
     model, _ = load_model(config.model, device=config.device)
     gates = ablation_gates(model, build(), config.length, config.samples, tasks)
@@ -371,8 +463,6 @@ def _testbed_probe(args) -> int:
     from elastic_bench.testbed.vocab import build
 
     config = from_args(TestbedProbeConfig, args)
-    if config.samples < 1:
-        raise ValueError(f"--samples must be at least 1, got {config.samples}")
     model, _ = load_model(config.model, device=config.device)
     selectivity = key_matching(model.float(), build(), config.length, config.samples)
     with np.printoptions(precision=2, suppress=True, linewidth=160):
@@ -505,6 +595,8 @@ def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser
         description="Evaluate long-context sparse-attention methods (Elastic Attention, DuoAttention, PruLong, "
         "XAttention, streaming, full) on real LLMs with official scoring and exact sparsity accounting.",
     )
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback of an error (before the command: elastic-bench --debug run ...)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     groups: dict[str, Any] = {}
     words = [w for w in argv if not w.startswith("-")][:2] if argv is not None else None
@@ -562,22 +654,52 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    from elastic_bench.registry import UnknownNameError
+# Exceptions a user can cause (a bad value, a missing or unreadable file, an unknown name, a missing extra): one line,
+# exit status 2. UnknownNameError is a ValueError.
+USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
+               NotImplementedError, ImportError)
 
+
+def _debug_requested(argv: list[str]) -> bool:
+    """Whether ``--debug`` comes before the command (the only place the top-level parser takes it)."""
+    for word in argv:
+        if not word.startswith("-"):
+            return False
+        if word == "--debug":
+            return True
+    return False
+
+
+def _one_line(text: str) -> str:
+    return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command ``argv`` (default: ``sys.argv[1:]``) and return its exit status: 0 done, 1 some cells failed
+    (or an internal error), 2 a user error (one line on stderr), 130 interrupted. With ``--debug`` before the
+    command, errors re-raise with their traceback."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    debug = _debug_requested(argv)
     try:
         args = _parse(argv)
         return args.handler(args)
-    except (UnknownNameError, ValueError, FileNotFoundError, NotImplementedError, ImportError) as err:
-        print(f"elastic-bench: error: {err}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("elastic-bench: interrupted; results written so far are kept", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader of a listing went away (`elastic-bench methods | head`)
         sys.stderr.close()
         return 0
+    except USER_ERRORS as err:
+        if debug:
+            raise
+        print(f"elastic-bench: error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    except Exception as err:  # a bug: one line, unless --debug asks for the traceback
+        if debug:
+            raise
+        print(f"elastic-bench: internal error: {type(err).__name__}: {_one_line(err)} (rerun with --debug for the "
+              "traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

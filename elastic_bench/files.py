@@ -1,4 +1,5 @@
-"""Writing files so that a reader never sees half of one: the one atomic-write helper, and JSON Lines.
+"""Files that a reader never sees half of, and folders that one process writes at a time: the one atomic-write
+helper, JSON Lines, content digests, and the output-folder lock.
 
 An atomic write goes to a temporary file in the target's folder, is flushed to disk, then renamed over the target
 (``os.replace``, atomic on POSIX): an interrupted write leaves the old file or the new one, never a torn one.
@@ -8,9 +9,14 @@ Part of the foundation: imports nothing of elastic-bench, so every pillar may us
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
+import socket
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -77,3 +83,98 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             break
     return records
+
+
+def digest(path: str | Path) -> str:
+    """SHA-256 (hex) of a file's bytes, or of a folder's files (each file's relative path and bytes, sorted by path):
+    what a learned artifact holds, wherever it lies."""
+    path = Path(path)
+    sha = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for file in files:
+        if file != path:
+            sha.update(f"{file.relative_to(path).as_posix()}\0".encode())
+        with open(file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                sha.update(block)
+    return sha.hexdigest()
+
+
+LOCK_FILE = ".elastic-bench.lock"
+
+
+class FolderLockedError(ValueError):
+    """Another process writes into the folder (its lock file names the holder)."""
+
+
+@contextmanager
+def exclusive(folder: str | Path, command: str = "", enabled: bool = True) -> Iterator[None]:
+    """Hold the folder's write lock for the duration: a lock file (``.elastic-bench.lock``) created exclusively, with
+    the holder's pid, host, command and start time, removed on exit. ``enabled=False`` (the other ranks of a
+    ``torchrun`` job, whose rank 0 holds the lock) does nothing.
+
+    A lock whose holder ran on this host and no longer lives (a killed run) is stale: it is reported on stderr and
+    taken over. Any other lock stops this process with `FolderLockedError` naming the holder.
+    """
+    if not enabled:
+        yield
+        return
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{folder} is a file, not an output folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_FILE
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+          "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    while True:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = _holder(path)
+            if holder == {}:  # released meanwhile
+                continue
+            if holder is not None and not _stale(holder):
+                raise FolderLockedError(
+                    f"{folder} is being written by pid {holder.get('pid')} on {holder.get('host')} (since "
+                    f"{holder.get('started')}: {holder.get('command') or 'elastic-bench'}); wait for it, or delete "
+                    f"{path} if that process is gone") from None
+            gone = "an unreadable lock" if holder is None else f"the lock of pid {holder.get('pid')}, no longer running"
+            print(f"elastic-bench: {path}: taking over {gone}", file=sys.stderr)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            continue
+        with os.fdopen(fd, "w") as f:
+            json.dump(me, f)
+        break
+    try:
+        yield
+    finally:
+        if _holder(path) == me:
+            os.unlink(path)
+
+
+def _holder(path: Path, attempts: int = 20) -> dict[str, Any] | None:
+    """The lock's holder record; ``{}`` when the lock is gone; None when it stays unreadable for a second (a holder
+    killed between creating the file and writing it: a fresh lock is written within microseconds)."""
+    for _ in range(attempts):
+        try:
+            holder = json.loads(path.read_text())
+            return holder if isinstance(holder, dict) else None
+        except FileNotFoundError:
+            return {}
+        except (OSError, json.JSONDecodeError):
+            time.sleep(0.05)
+    return None
+
+
+def _stale(holder: dict[str, Any]) -> bool:
+    """Whether the lock's holder ran on this host and is gone (another host's process cannot be checked: not stale)."""
+    if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+        return False
+    try:
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False

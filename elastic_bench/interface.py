@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -109,6 +110,11 @@ class Method:
 
     def extra_stats(self) -> dict[str, Any]:
         """Method-specific statistics merged into `MethodHandle.stats` (e.g. realised sparsity of a gate file)."""
+        return {}
+
+    def artifacts(self, model_dir: str) -> dict[str, Path]:
+        """The learned files `setup` will load for the model at ``model_dir`` (its local folder, a hub id, or ``""``
+        for a built-in model), by option name: a run identifies its results by their contents. None by default."""
         return {}
 
     def options(self) -> dict[str, Any]:

@@ -42,6 +42,33 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def check_device(spec: str | torch.device | None) -> torch.device:
+    """The device ``spec`` names (``cpu``, ``cuda``, ``cuda:1``, ...; None: CUDA when available), checked to exist on
+    this machine, so that a wrong ``--device`` is refused before any model loads.
+
+    Raises:
+        ValueError: ``spec`` is not a device name, or names a device this machine does not have (one line).
+    """
+    if spec is None:
+        return default_device()
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be cpu, cuda or cuda:N (e.g. cuda:0), got {str(spec)!r}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("no CUDA device: torch.cuda.is_available() is False")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"{device} does not exist ({count} device{'' if count == 1 else 's'})")
+    elif device.type not in ("cpu", "meta"):
+        backend = getattr(torch, device.type, None)  # torch.mps, torch.xpu, ...: a device module with is_available
+        available = getattr(backend, "is_available", None)
+        if available is not None and not available():
+            raise ValueError(f"no {device.type} device: torch.{device.type}.is_available() is False")
+    return device
+
+
 def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
@@ -52,12 +79,12 @@ def load_model(spec: str, dtype: torch.dtype | None = None, device: str | torch.
     Args:
         spec: ``tiny:qwen3``, ``tiny:llama``, ``testbed``, a local directory, or a Hugging Face hub id.
         dtype: weights dtype; bf16 on CUDA and fp32 on CPU by default.
-        device: ``"cuda"``, ``"cpu"``, ...; CUDA when available by default.
+        device: ``"cuda"``, ``"cpu"``, ...; CUDA when available by default (checked with `check_device`).
 
     Returns:
         The model in eval mode with ``attn_implementation="sdpa"``, and its tokenizer.
     """
-    device = torch.device(device) if device is not None else default_device()
+    device = check_device(device)
     dtype = dtype or default_dtype(device)
     if spec.startswith("tiny:"):
         arch = spec.removeprefix("tiny:")
@@ -201,3 +228,22 @@ def bpe_tokenizer():
     from tokenizers import Tokenizer
 
     return _wrap(Tokenizer.from_str(_bpe_json()))
+
+
+def model_dir(spec: str) -> str:
+    """Where the files of model ``spec`` are, without loading it: the testbed's or a local folder, a hub id as given;
+    ``""`` for the built-in random models."""
+    if spec.startswith(("tiny:", "random:")):
+        return ""
+    return _resolve_path(spec)
+
+
+def max_positions(spec: str) -> int:
+    """The positions model ``spec`` was trained for (its config's ``max_position_embeddings``), read without loading
+    the weights."""
+    if spec.startswith(("tiny:", "random:")):
+        return _config("llama").max_position_embeddings
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(model_dir(spec)).max_position_embeddings)
+

@@ -4,6 +4,11 @@ Files: ``config.json`` (what ran), ``predictions.jsonl`` (one line per sample, a
 scored, so an interrupted cell resumes where it stopped; under ``torchrun`` each rank appends to
 ``predictions.rank<r>.jsonl`` and rank 0 merges them), ``metrics.json`` (written atomically last; its ``status`` is
 ``"complete"`` or ``"failed"``). A complete cell is skipped on re-run; a failed one is retried.
+
+A complete cell proves itself: its ``metrics.json`` records the configuration fingerprint it was computed under and
+the number, ids and SHA-256 of its predictions, and `Cell.verify` checks them against the files before the cell is
+trusted. Predictions of an interrupted cell are resumed only under a readable ``config.json`` of the same
+fingerprint.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from elastic_bench.files import append_jsonl, read_jsonl, write_json, write_jsonl
+from elastic_bench.files import append_jsonl, digest, read_jsonl, write_json, write_jsonl
 
 
 class Cell:
@@ -31,13 +36,53 @@ class Cell:
         return self.dir / "predictions.jsonl"
 
     def metrics(self) -> dict[str, Any] | None:
-        if not self.metrics_path.exists():
-            return None
-        return json.loads(self.metrics_path.read_text())
+        """The cell's ``metrics.json``, or None when it is absent or is not a JSON object."""
+        return _json_object(self.metrics_path)
+
+    def config(self) -> dict[str, Any] | None:
+        """The cell's ``config.json``, or None when it is absent or is not a JSON object."""
+        return _json_object(self.dir / "config.json")
 
     def is_complete(self) -> bool:
         metrics = self.metrics()
         return metrics is not None and metrics.get("status") == "complete"
+
+    def verify(self) -> str | None:
+        """Why the cell's files cannot be trusted (None: they can).
+
+        A complete cell must record its fingerprint and predictions whose ids and SHA-256 are those its
+        ``metrics.json`` records; an unfinished cell's predictions must lie under a ``config.json`` that records its
+        fingerprint. A fingerprint that differs from the run's is not a reason here but a conflict (`conflict`).
+        """
+        metrics = self.metrics()
+        if self.metrics_path.exists() and metrics is None:
+            return "its metrics.json is not readable"
+        if metrics is not None and metrics.get("status") == "complete":
+            if "fingerprint" not in metrics or "predictions_sha256" not in metrics:
+                return "its metrics.json records no fingerprint or predictions digest (an older elastic-bench)"
+            if not self.predictions_path.exists() or digest(self.predictions_path) != metrics["predictions_sha256"]:
+                return "its predictions.jsonl is not the one its metrics.json was computed from"
+            ids = [r.get("id") for r in read_jsonl(self.predictions_path)]
+            if ids != metrics.get("prediction_ids") or len(set(ids)) != len(ids):
+                return "its predictions' ids are not those its metrics.json records"
+            return None
+        if self.predictions() and "fingerprint" not in (self.config() or {}):
+            return "it holds predictions without a readable config.json recording their configuration"
+        return None
+
+    def conflict(self, fingerprint: dict[str, Any]) -> list[str]:
+        """The fingerprint fields in which the cell's recorded configuration differs from ``fingerprint`` ([]: none or
+        nothing recorded)."""
+        metrics = self.metrics() or {}
+        stored = (metrics if metrics.get("status") == "complete" else self.config() or {}).get("fingerprint")
+        if not isinstance(stored, dict):
+            return []
+        return sorted(k for k in fingerprint if k in stored and stored[k] != fingerprint[k])
+
+    def clear(self) -> None:
+        """Delete the cell's files (to compute it again)."""
+        for path in [self.metrics_path, self.dir / "config.json", *self._prediction_files()]:
+            path.unlink(missing_ok=True)
 
     def _prediction_files(self) -> list[Path]:
         return [self.predictions_path, *sorted(self.dir.glob("predictions.rank*.jsonl"))]
@@ -70,4 +115,16 @@ class Cell:
         return records
 
     def finish(self, metrics: dict[str, Any]) -> None:
-        write_json(self.metrics_path, metrics)
+        """Write ``metrics.json`` (atomically), with the count, ids and SHA-256 of ``predictions.jsonl``."""
+        records = read_jsonl(self.predictions_path)
+        written = {"num_predictions": len(records), "prediction_ids": [r["id"] for r in records],
+                   "predictions_sha256": digest(self.predictions_path) if self.predictions_path.exists() else None}
+        write_json(self.metrics_path, {**metrics, **written})
+
+
+def _json_object(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -55,6 +55,10 @@ class RunConfig:
         device: cuda, cpu, cuda:1, ... (none: cuda when available).
         dtype: model weights dtype (none: bfloat16 on CUDA, float32 on the CPU).
         progress: show progress bars.
+        strict: stop when a cell's files do not prove themselves (a torn or edited predictions.jsonl, a config.json
+            missing under predictions) instead of computing the cell again.
+        allow_extrapolation: run lengths beyond the positions the model was trained for (its
+            max_position_embeddings); recorded in each cell.
     """
 
     model: str = "tiny:qwen3"
@@ -70,6 +74,8 @@ class RunConfig:
     device: str | None = None
     dtype: Literal["bfloat16", "float16", "float32"] | None = None
     progress: bool = True
+    strict: bool = False
+    allow_extrapolation: bool = False
 
     def __post_init__(self):
         if not self.methods or not self.tasks or not self.lengths:
@@ -78,6 +84,8 @@ class RunConfig:
             raise ValueError(f"lengths must be positive token counts, got {self.lengths}")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be at least 1, got {self.limit}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
         for name in self.method_options:
             if name not in self.methods:
                 raise ValueError(f"options given for method {name!r}, which is not in methods {self.methods}")
@@ -108,45 +116,66 @@ class RunConfig:
 
 
 def run(config: RunConfig) -> list[dict[str, Any]]:
-    """Run every cell of ``config`` not yet complete; return one summary row per cell."""
+    """Run every cell of ``config`` not yet complete; return one summary row per cell.
+
+    The output folder is locked for the run (`elastic_bench.files.exclusive`: a second writer stops with the name of
+    the first); before the model loads, every cell of the run is checked: a cell of another configuration stops the
+    run, a cell whose files cannot be trusted (`Cell.verify`) is computed again (``strict``: stops the run).
+    """
     import torch
 
     from elastic_bench.distributed import Ranks
-    from elastic_bench.models import load_model, model_label
+    from elastic_bench.files import exclusive
+    from elastic_bench.models import load_model, max_positions, model_dir, model_label
 
     built = config.build_methods()
     task_names = task_registry.expand(config.tasks)
+    longest = max(config.lengths)
+    positions = max_positions(config.model)
+    if longest > positions and not config.allow_extrapolation:
+        raise ValueError(f"length {longest} exceeds the {positions} positions {config.model} was trained for; "
+                         "pass --allow-extrapolation to run it anyway")
+    source = model_dir(config.model)
+    fingerprints = {m.label(): _fingerprint(config, m, source) for m in built}
 
     def cell_of(method: Method, task_name: str, length: int) -> Cell:
         return Cell(config.output, model_label(config.model), method.label(), task_name, length)
 
-    for task_name in task_names:  # before any work: an output folder never mixes two configurations
-        for length in config.lengths:
-            for m in built:
-                _check_same_run(cell_of(m, task_name, length), _identity(config, m))
     ranks = Ranks.from_env(config.device)
-    dtype = getattr(torch, config.dtype) if config.dtype else None
-    model, tokenizer = load_model(config.model, dtype=dtype, device=ranks.device(config.device))
-    stop_ids = _stop_ids(model, tokenizer)
-    rows = []
-    for task_name in task_names:
-        task = task_registry.get(task_name, data_dir=config.data_dir)
-        for length in config.lengths:
-            cells = [cell_of(m, task_name, length) for m in built]
-            todo = [(m, c) for m, c in zip(built, cells) if not c.is_complete()]
-            samples, error = [], None
-            if todo:
-                try:
-                    samples = task.samples(tokenizer, length, config.limit, config.seed)
-                except (ValueError, FileNotFoundError, KeyError) as err:
-                    error = f"{task_name} at {length} tokens: {err}"
-            for method, cell in todo:
-                if error:
-                    if ranks.is_main:
-                        _fail(cell, config, method, error)
-                else:
-                    _run_cell(model, tokenizer, task, samples, method, cell, config, stop_ids, ranks)
-            rows.extend(summary_row(cell) for cell in cells)
+    command = "elastic-bench " + " ".join(sys.argv[1:])
+    with exclusive(config.output, command, enabled=ranks.is_main):
+        if ranks.is_main:  # before any work: an output folder never mixes two configurations
+            for task_name in task_names:
+                for length in config.lengths:
+                    for m in built:
+                        _check_cell(cell_of(m, task_name, length), {**fingerprints[m.label()], "length": length},
+                                    config.strict)
+        ranks.barrier()
+        dtype = getattr(torch, config.dtype) if config.dtype else None
+        model, tokenizer = load_model(config.model, dtype=dtype, device=ranks.device(config.device))
+        stop_ids = _stop_ids(model, tokenizer)
+        rows = []
+        for task_name in task_names:
+            task = task_registry.get(task_name, data_dir=config.data_dir)
+            for length in config.lengths:
+                cells = [cell_of(m, task_name, length) for m in built]
+                todo = [(m, c) for m, c in zip(built, cells) if not c.is_complete()]
+                samples, error = [], None
+                if todo:
+                    try:
+                        samples = task.samples(tokenizer, length, config.limit, config.seed)
+                    except (ValueError, FileNotFoundError, KeyError) as err:
+                        error = f"{task_name} at {length} tokens: {err}"
+                    if not error and not samples:
+                        error = f"{task_name} at {length} tokens: no samples (an empty corpus?)"
+                for method, cell in todo:
+                    fingerprint = {**fingerprints[method.label()], "length": length}
+                    if error:
+                        if ranks.is_main:
+                            _fail(cell, config, method, fingerprint, error)
+                    else:
+                        _run_cell(model, tokenizer, task, samples, method, cell, config, fingerprint, stop_ids, ranks)
+                rows.extend(summary_row(cell) for cell in cells)
     return rows
 
 
@@ -158,47 +187,60 @@ def _stop_ids(model, tokenizer) -> set[int]:
     return ids
 
 
-def _identity(config: RunConfig, method: Method) -> dict[str, Any]:
-    """What a cell's results depend on beyond its folder's path (JSON-normalised, as stored in ``config.json``)."""
-    return json.loads(json.dumps({"model": config.model, "method_options": method.options(), "seed": config.seed,
-                                  "limit": config.limit, "dtype": config.dtype}, default=str))
+def _fingerprint(config: RunConfig, method: Method, source: str) -> dict[str, Any]:
+    """What a cell's results depend on beyond its task (JSON-normalised, as stored in ``config.json`` and
+    ``metrics.json``): the model, the method and its options, the content digest of every file the method loads (a
+    router or gate file is known by what it holds, not by its path), seed, limit and dtype."""
+    from elastic_bench.files import digest
+
+    artifacts = {name: digest(path) for name, path in method.artifacts(source).items()}
+    return json.loads(json.dumps({"model": config.model, "method": method.name, "method_options": method.options(),
+                                  "artifacts": artifacts, "seed": config.seed, "limit": config.limit,
+                                  "dtype": config.dtype}, default=str))
 
 
-def _check_same_run(cell: Cell, identity: dict[str, Any]) -> None:
-    """Refuse to resume or skip a cell whose stored configuration differs from this run's (e.g. another seed or
-    ``--limit``, or a router file of the same name): its predictions would be mixed with, or taken for, this run's."""
-    path = cell.dir / "config.json"
-    if not path.exists():
-        return
-    stored = json.loads(path.read_text())
-    changed = sorted(k for k in identity if k in stored and stored[k] != identity[k])
+def _check_cell(cell: Cell, fingerprint: dict[str, Any], strict: bool) -> None:
+    """Refuse a cell of another configuration (another seed, ``--limit``, router contents, ...): its predictions would
+    be mixed with, or taken for, this run's. Compute a cell again whose files do not prove themselves."""
+    changed = cell.conflict(fingerprint)
     if changed:
         raise ValueError(f"{cell.dir} holds results of another configuration ({', '.join(changed)} differ); "
                          "use another --output or delete that folder")
+    reason = cell.verify()
+    if reason is None:
+        return
+    if strict:
+        raise ValueError(f"{cell.dir}: {reason} (--strict: delete the cell or run without --strict to compute it "
+                         "again)")
+    print(f"elastic-bench: cell {cell.dir}: {reason}; computing it again", file=sys.stderr)
+    cell.clear()
 
 
-def _cell_config(config: RunConfig, method: Method, task: str, length: int, n: int) -> dict[str, Any]:
+def _cell_config(config: RunConfig, method: Method, fingerprint: dict[str, Any], task: str, length: int,
+                 n: int) -> dict[str, Any]:
     from elastic_bench.provenance import provenance
 
     return {
-        **_identity(config, method),
+        **{k: fingerprint[k] for k in ("model", "method_options", "seed", "limit", "dtype")},
         "method": method.name,
         "task": task,
         "length": length,
         "num_samples": n,
         "backend": config.backend,
+        "allow_extrapolation": config.allow_extrapolation,
+        "fingerprint": fingerprint,
         **provenance(config.device),
     }
 
 
-def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunConfig, stop_ids, ranks):
+def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunConfig, fingerprint, stop_ids, ranks):
     import torch
     from tqdm.auto import tqdm
 
     from elastic_bench.attention import apply
 
     if ranks.is_main:
-        cell.start(_cell_config(config, method, task.name, cell.length, len(samples)))
+        cell.start(_cell_config(config, method, fingerprint, task.name, cell.length, len(samples)))
     ranks.barrier()
     done = {r["id"] for r in cell.predictions()}
     mine = [s for s in samples if s.id not in done][ranks.rank :: ranks.world_size]
@@ -218,17 +260,22 @@ def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunCo
     errors = [e for e in ranks.gather(error) if e]
     if ranks.is_main:
         records = cell.merge([s.id for s in samples])
+        scores = task.aggregate(records) if records and not errors else {}
+        if not errors and not records:
+            errors = ["no predictions"]
+        if not errors and not math.isfinite(scores.get("score", math.nan)):
+            errors = [f"the score is not a number ({scores.get('score')})"]
         if errors:
-            _fail(cell, config, method, "; ".join(errors))
+            _fail(cell, config, method, fingerprint, "; ".join(errors))
         else:
             cell.finish(
                 {
-                    **_cell_config(config, method, task.name, cell.length, len(records)),
+                    **_cell_config(config, method, fingerprint, task.name, cell.length, len(records)),
                     "status": "complete",
                     "method_label": method.label(),
                     **backends_used(records),
                     "world_size": ranks.world_size,
-                    **task.aggregate(records),
+                    **scores,
                     **{key: _mean(records, key) for key in MEANS},
                     **method.extra_stats(),
                 }
@@ -284,11 +331,11 @@ def _mean(records: list[dict[str, Any]], key: str) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def _fail(cell: Cell, config: RunConfig, method: Method, error: str) -> None:
+def _fail(cell: Cell, config: RunConfig, method: Method, fingerprint: dict[str, Any], error: str) -> None:
     print(f"elastic-bench: cell {cell.dir} failed: {error}", file=sys.stderr)
     cell.dir.mkdir(parents=True, exist_ok=True)
     done = len(cell.predictions())
-    config_fields = _cell_config(config, method, cell.task, cell.length, done)
+    config_fields = _cell_config(config, method, fingerprint, cell.task, cell.length, done)
     cell.finish({"status": "failed", "error": error, "num_samples_done": done, **config_fields})
 
 

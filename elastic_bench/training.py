@@ -338,21 +338,34 @@ def save_state(output: Path, step: int, seconds: float, fingerprint: dict[str, A
 
 
 def read_state(output: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]] | None:
-    """``(record, tensors)`` of the training state in ``output`` (on the CPU), or None when there is none."""
-    from safetensors import safe_open
+    """``(record, tensors)`` of the training state in ``output`` (on the CPU), or None when there is none.
+
+    Raises:
+        ValueError: the state file is corrupt (truncated, not safetensors, a record that is not JSON) or of another
+            format; the message names the file.
+    """
+    from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
     path = Path(output) / STATE_TENSORS
     if not path.exists():
         return None
-    with safe_open(str(path), framework="pt") as handle:
-        header = (handle.metadata() or {}).get("state")
-    if header is None:
-        raise ValueError(f"{path} holds no training-state record; delete it or use another --output")
-    record = json.loads(header)
-    if record.get("format") != STATE_FORMAT:
-        raise ValueError(f"{path} has training-state format {record.get('format')}, expected {STATE_FORMAT}")
-    return record, load_file(str(path))
+    corrupt = f"{path} is corrupt or truncated; delete it (training restarts) or use another --output"
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            header = (handle.metadata() or {}).get("state")
+        if header is None:
+            raise ValueError(f"{path} holds no training-state record; delete it or use another --output")
+        record = json.loads(header)
+        if not isinstance(record, dict):
+            raise ValueError(f"{corrupt} (its record is not a JSON object)")
+        if record.get("format") != STATE_FORMAT:
+            raise ValueError(f"{path} has training-state format {record.get('format')}, expected {STATE_FORMAT}")
+        return record, load_file(str(path))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{corrupt} (its record is not valid JSON: {err})") from None
+    except (SafetensorError, OSError, RuntimeError) as err:
+        raise ValueError(f"{corrupt} ({err})") from None
 
 
 def _stored(value: torch.Tensor) -> torch.Tensor:

@@ -78,6 +78,8 @@ class KernelBenchConfig:
     progress: bool = True
 
     def __post_init__(self):
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
         unknown = [c for c in self.cells if c not in CELLS]
         if unknown:
             raise ValueError(f"unknown cell(s) {', '.join(unknown)}; choose from: {', '.join(CELLS)}")

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from elastic_bench.options import check_fields
+
 from .modes import ModeConfig
 from .router import AttentionRouter
 
@@ -144,17 +146,23 @@ def load_routers(path: str | Path, **overrides: Any) -> RouterBank:
     Returns:
         A `RouterBank` on the CPU, with its `RouterConfig` in ``bank.config``.
     """
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"router checkpoint {path} is not a directory")
+    path = check_router_dir(path)
     if (path / CONFIG_FILE).exists():
-        config = RouterConfig.from_dict(json.loads((path / CONFIG_FILE).read_text()))
+        data = _read_json(path / CONFIG_FILE)
+        check_fields(RouterConfig, {k: v for k, v in data.items() if k != "format_version"}, str(path / CONFIG_FILE))
+        try:
+            config = RouterConfig.from_dict(data)
+        except TypeError as err:  # a required key missing
+            raise ValueError(f"{path / CONFIG_FILE} is not a router config written by elastic-bench: {err}") from None
         tensors = _read_router_tensors([path / WEIGHTS_FILE], str(path))
-    elif (path / "config.json").exists():
-        tensors = _read_router_tensors(sorted(path.glob("*.safetensors")), str(path))
-        config = _config_from_hf(json.loads((path / "config.json").read_text()), tensors, str(path))
     else:
-        raise FileNotFoundError(f"{path} holds neither {CONFIG_FILE} (elastic-bench) nor config.json (released model)")
+        tensors = _read_router_tensors(sorted(path.glob("*.safetensors")), str(path))
+        hf = _read_json(path / "config.json")
+        try:
+            config = _config_from_hf(hf, tensors, str(path))
+        except (KeyError, TypeError, AttributeError, ZeroDivisionError) as err:
+            raise ValueError(f"{path / 'config.json'} is not a released Elastic Attention model config "
+                             f"({type(err).__name__}: {err})") from None
     if overrides:
         config.attention = ModeConfig(**{**config.attention.to_dict(), **overrides})
     bank = RouterBank(config)
@@ -162,17 +170,47 @@ def load_routers(path: str | Path, **overrides: Any) -> RouterBank:
     return bank
 
 
+def check_router_dir(path: str | Path) -> Path:
+    """``path`` as a `Path`, checked to be a router checkpoint directory (it holds ``router_config.json``, or the
+    ``config.json`` of a released model) without reading it: what can be checked before a model loads.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a directory, or holds neither file.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"router checkpoint {path} is not a directory")
+    if not (path / CONFIG_FILE).exists() and not (path / "config.json").exists():
+        raise FileNotFoundError(f"{path} holds neither {CONFIG_FILE} (elastic-bench) nor config.json (released model)")
+    return path
+
+
+def _read_json(file: Path) -> dict[str, Any]:
+    """A JSON object from ``file``; a file that is not one raises ValueError naming it."""
+    try:
+        data = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{file} is not valid JSON ({err}); it may be truncated or corrupt") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{file} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
 def _read_router_tensors(files: list[Path], source: str) -> dict[str, torch.Tensor]:
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     tensors = {}
     for file in files:
         if not file.exists():
             raise FileNotFoundError(f"router weights {file} are missing")
-        with safe_open(str(file), framework="pt") as handle:
-            for key in handle.keys():
-                if _KEY.search(key):
-                    tensors[key] = handle.get_tensor(key)
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                for key in handle.keys():
+                    if _KEY.search(key):
+                        tensors[key] = handle.get_tensor(key)
+        except (SafetensorError, OSError, RuntimeError) as err:  # a truncated or corrupt file, or not safetensors
+            raise ValueError(f"{file} is not a readable safetensors file ({err}); it may be truncated or "
+                             "corrupt") from None
     if not tensors:
         raise ValueError(f"{source} holds no router tensors (*.self_attn.mask_allocator.*)")
     return tensors

@@ -10,7 +10,9 @@ Design decisions:
   while the routers stay replicated.
 - Where the routers come from, in order: routers already set on the method (the trainer's), the ``router=`` path (an
   elastic-bench checkpoint or a released model directory), a checkpoint shipped next to the model in
-  ``<model dir>/elastic_router/``, else fresh untrained routers (seeded; a warning says so).
+  ``<model dir>/elastic_router/``; with none of them, `setup` refuses. Fresh untrained routers (seeded) are built only
+  when asked for by name, ``router="untrained"``.
+- Knob ranges and the router directory's existence are checked when the method is built, before any model loads.
 - Prefill (one shot): each sample is routed on its own pre-RoPE keys (the glue plans padded and packed batches one
   sample at a time), with the deterministic argmax. A later prefill chunk reuses the decision its sample got at the
   first chunk (the router never sees the whole prompt in chunked prefill; this is elastic-bench's variant, the paper
@@ -24,8 +26,7 @@ Design decisions:
 
 from __future__ import annotations
 
-import dataclasses
-import warnings
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -37,6 +38,7 @@ from elastic_bench.interface import AttentionCall, Method, register_method
 from elastic_bench.kernels import HeadPlan, hybrid_attention
 
 SHIPPED_ROUTER_DIR = "elastic_router"
+UNTRAINED = "untrained"  # the `router` value that asks for fresh, seeded, untrained routers
 
 
 class TrainingRoute:
@@ -83,7 +85,8 @@ class Elastic(Method):
 
     Args:
         router: router checkpoint directory (``router.safetensors`` + ``router_config.json``, or a released model
-            directory); None: a router shipped with the model, else untrained routers.
+            directory); None: the router shipped with the model (``<model dir>/elastic_router/``), an error when
+            there is none; ``untrained``: fresh untrained routers (seeded), on purpose.
         mode: ``fa-ssa``, ``fa-xa`` or ``xa-ssa``; None: the checkpoint's (``fa-ssa`` for fresh routers).
         sink, local, granularity: streaming geometry; None: the checkpoint's (128, 2048, ``block`` by default).
         xa_threshold: XAttention threshold τ; None: the checkpoint's (0.9 by default).
@@ -101,15 +104,33 @@ class Elastic(Method):
     needs_pre_rope_keys = True
 
     def __post_init__(self):
+        from elastic_bench.method.checkpoint import check_router_dir
+
+        if self.router is not None and self.router != UNTRAINED:
+            try:
+                check_router_dir(self.router)
+            except FileNotFoundError as err:
+                raise FileNotFoundError(f"{self.name}.router: {err} (expected a router checkpoint directory, or "
+                                        f"{UNTRAINED})") from None
+        if self.sink is not None and self.sink < 0:
+            raise ValueError(f"{self.name}.sink must be >= 0, got {self.sink}")
+        if self.local is not None and self.local < 1:
+            raise ValueError(f"{self.name}.local must be >= 1, got {self.local}")
+        if self.xa_threshold is not None and not 0.0 <= self.xa_threshold <= 1.0:  # NaN fails too
+            raise ValueError(f"{self.name}.xa_threshold must lie in [0, 1], got {self.xa_threshold}")
+        if self.seed < 0:
+            raise ValueError(f"{self.name}.seed must be >= 0, got {self.seed}")
         self.routers = None  # elastic_bench.method.RouterBank, set by setup() or by the trainer
         self._decided: dict[int, dict[int, torch.Tensor]] = {}  # layer -> sample -> [H] bool (full side)
         self._sparse_side = self._routed = 0
 
     def label(self) -> str:
         """Name plus changed knobs (a run-folder name): a router path is shortened to its last component."""
-        if self.router is None:
+        if self.router is None or self.router == UNTRAINED:
             return super().label()
-        return Method.label(dataclasses.replace(self, router=Path(self.router).name))
+        shortened = copy.copy(self)  # not dataclasses.replace: the short name is no directory to check
+        shortened.router = Path(self.router).name
+        return Method.label(shortened)
 
     def overrides(self) -> dict[str, Any]:
         """The `ModeConfig` fields set on this method (they replace a checkpoint's)."""
@@ -119,24 +140,44 @@ class Elastic(Method):
 
     # ---- setup ---------------------------------------------------------------------------------------------------
 
+    def router_dir(self, model_dir: str) -> Path | None:
+        """The router checkpoint this method loads for the model at ``model_dir``: ``router``, else the one shipped in
+        ``<model dir>/elastic_router/``; None for ``router=untrained``.
+
+        Raises:
+            ValueError: no router was given and the model ships none.
+        """
+        if self.router == UNTRAINED:
+            return None
+        if self.router is not None:
+            return Path(self.router)
+        shipped = Path(model_dir) / SHIPPED_ROUTER_DIR if model_dir else None
+        if shipped is not None and (shipped / "router_config.json").exists():
+            return shipped
+        raise ValueError(f"elastic: no router checkpoint for model {model_dir or '(built-in)'}: pass "
+                         f"-O elastic.router=DIR, or router={UNTRAINED} to run untrained routers on purpose")
+
+    def artifacts(self, model_dir: str) -> dict[str, Path]:
+        if self.routers is not None:  # set by the trainer
+            return {}
+        directory = self.router_dir(model_dir)
+        return {} if directory is None else {"router": directory}
+
     def setup(self, model: nn.Module) -> None:
         from elastic_bench.method import ModeConfig, RouterConfig, load_routers
 
         layout = model_layout(model)
         if self.routers is None:
-            model_dir = getattr(model.config, "_name_or_path", "")
-            shipped = Path(model_dir) / SHIPPED_ROUTER_DIR if model_dir and Path(model_dir).is_dir() else None
-            if self.router is not None:
-                self.routers = load_routers(self.router, **self.overrides())
-            elif shipped is not None and (shipped / "router_config.json").exists():
-                self.routers = load_routers(shipped, **self.overrides())
-            else:
-                warnings.warn("elastic: no router checkpoint given; using untrained routers", stacklevel=2)
+            model_dir = getattr(model.config, "_name_or_path", "") or ""
+            directory = self.router_dir(model_dir)
+            if directory is None:
                 config = RouterConfig(*layout, base_model=model_dir, attention=ModeConfig(**self.overrides()))
                 self.routers = config.build()
                 gen = torch.Generator().manual_seed(self.seed)
                 for router in self.routers.layers:
                     router.reset_parameters(gen)
+            else:
+                self.routers = load_routers(directory, **self.overrides())
         config = self.routers.config
         if (config.num_layers, config.num_kv_heads, config.head_dim) != layout:
             raise ValueError(

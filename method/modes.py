@@ -61,6 +61,8 @@ class ModeConfig:
         StreamingGeometry(self.sink, self.local, self.granularity)  # validates
         if not 0.0 <= self.xa_threshold <= 1.0:
             raise ValueError(f"xa_threshold must lie in [0, 1], got {self.xa_threshold}")
+        if self.block_size < 1 or self.xa_stride < 1 or self.block_size % self.xa_stride:
+            raise ValueError(f"xa_stride ({self.xa_stride}) must be >= 1 and divide block_size ({self.block_size})")
 
     @property
     def geometry(self) -> StreamingGeometry:

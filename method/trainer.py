@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from elastic_bench.distributed import Ranks
+from elastic_bench.files import exclusive
 from elastic_bench.training import (
     LossModel,
     Objective,
@@ -180,6 +181,7 @@ class TrainConfig:
             "train_pooling must be 'boundary', 'mean' or None": self.train_pooling in (None, "boundary", "mean"),
             "dtype must be bfloat16, float16 or float32": self.dtype in (None, "bfloat16", "float16", "float32"),
             "save_every must be >= 1": self.save_every >= 1,
+            "seed must be >= 0": self.seed >= 0,
         }
         failed = [message for message, ok in checks.items() if not ok]
         if failed:
@@ -215,13 +217,21 @@ def train(
             process); its parameters are frozen in place and never modified.
         max_minutes: stop after this many minutes of training, after a checkpoint (`RunOptions.max_minutes`); the
             final evaluation then does not run.
+
+    The output folder is locked for the run (`elastic_bench.files.exclusive`).
     """
+    ranks = Ranks.from_env(config.device)
+    with exclusive(config.output, "elastic-bench train-router", enabled=ranks.is_main):
+        return _train(config, progress, loaded, max_minutes, ranks)
+
+
+def _train(config: TrainConfig, progress: bool, loaded: tuple[nn.Module, Any] | None, max_minutes: float | None,
+           ranks: Ranks) -> TrainResult:
     from elastic_bench.attention import apply
     from elastic_bench.models import load_model
 
     from .elastic import Elastic, model_layout
 
-    ranks = Ranks.from_env(config.device)
     if loaded is not None and ranks.world_size > 1:
         raise ValueError("a preloaded model cannot be trained under torchrun; pass the model spec in the config")
     model, tokenizer = loaded or load_model(

@@ -65,17 +65,27 @@ def routed(model, prompts, mode="fa-ssa", seed=0) -> Elastic:
     return method
 
 
-def test_registered_with_pre_rope_keys():
+def test_registered_with_pre_rope_keys(tmp_path):
     method = get_method("elastic", mode="fa-xa")
     assert isinstance(method, Elastic) and method.needs_pre_rope_keys
     assert method.label() == "elastic-mode=fa-xa"
-    assert get_method("elastic", router="runs/routers/qwen3-8b/").label() == "elastic-router=qwen3-8b"
+    save_routers(RouterConfig(2, 2, 16).build(), tmp_path / "qwen3-8b")
+    assert get_method("elastic", router=f"{tmp_path}/qwen3-8b/").label() == "elastic-router=qwen3-8b"
+    assert get_method("elastic", router="untrained").label() == "elastic-router=untrained"
 
 
-def test_untrained_routers_warn_and_route_every_head(tiny_models):
+def test_no_router_is_refused_unless_untrained_is_asked_for(tiny_models):
+    model, _ = tiny_models["qwen3"]
+    with pytest.raises(ValueError, match="no router checkpoint for model .*router=untrained to run untrained"):
+        with apply(get_method("elastic", **SMALL), model, backend="reference"):
+            pass
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_untrained_routers_route_every_head(tiny_models):
     model, tokenizer = tiny_models["qwen3"]
-    with pytest.warns(UserWarning, match="untrained routers"), torch.no_grad():
-        with apply(get_method("elastic", **SMALL), model, backend="reference") as handle:
+    with torch.no_grad():
+        with apply(get_method("elastic", router="untrained", **SMALL), model, backend="reference") as handle:
             model(prompt(tokenizer))
     decisions = handle.decisions()
     assert decisions.shape == (1, 2, 2)
@@ -218,8 +228,6 @@ def test_mismatched_layout_is_one_clear_error(tiny_models, tmp_path):
 
 
 def test_a_router_shipped_next_to_the_model_is_the_default(tiny_models, tmp_path):
-    import warnings
-
     from elastic_bench.models import load_model
 
     model, tokenizer = tiny_models["qwen3"]
@@ -228,8 +236,6 @@ def test_a_router_shipped_next_to_the_model_is_the_default(tiny_models, tmp_path
     save_routers(RouterConfig(2, 2, 16, attention=ModeConfig(mode="fa-xa")).build(), tmp_path / "elastic_router")
     local, _ = load_model(str(tmp_path), dtype=torch.float32, device="cpu")
     method = get_method("elastic")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", UserWarning)  # no "untrained routers" warning
-        with apply(method, local):
-            pass
+    with apply(method, local):  # router=None: the shipped one is found, no refusal
+        pass
     assert method.routers.config.attention.mode == "fa-xa"

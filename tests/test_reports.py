@@ -9,17 +9,20 @@ import xml.dom.minidom
 import pytest
 
 from elastic_bench import cli
-from elastic_bench.files import write_json
+from elastic_bench.files import digest, write_json, write_jsonl
 from elastic_bench.reports import load_cells, pareto_front, summarize, write_report
 
 
 def _cell(root, method, task, length, score, esr, prefill, status="complete", model="m"):
+    folder = root / model / method / task / str(length)
     metrics = {"status": status, "num_samples": 4}
     if status == "complete":
-        metrics.update(score=score, omega_msr=esr * 2, omega_esr=esr, prefill_seconds=prefill)
+        write_jsonl(folder / "predictions.jsonl", [{"id": str(i), "score": score / 100} for i in range(4)])
+        metrics.update(score=score, omega_msr=esr * 2, omega_esr=esr, prefill_seconds=prefill,
+                       predictions_sha256=digest(folder / "predictions.jsonl"))
     else:
         metrics["error"] = "out of memory at 4096 tokens (rank 0)"
-    write_json(root / model / method / task / str(length) / "metrics.json", metrics)
+    write_json(folder / "metrics.json", metrics)
 
 
 @pytest.fixture
@@ -104,3 +107,10 @@ def test_reports_import_no_torch():
 
     code = "import sys, elastic_bench.reports; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_a_complete_cell_whose_predictions_were_cut_is_reported_as_failed(run_dir):
+    predictions = run_dir / "m" / "elastic" / "lb_qa" / "1024" / "predictions.jsonl"
+    predictions.write_text(predictions.read_text()[:-10])  # a torn last line
+    cell = next(c for c in load_cells(run_dir) if (c.method, c.task, c.length) == ("elastic", "lb_qa", 1024))
+    assert not cell.complete and "not the one its metrics.json was computed from" in cell.error

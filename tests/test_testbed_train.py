@@ -78,7 +78,7 @@ def test_training_runs_with_deterministic_kernels_and_restores_the_setting(tmp_p
         raise RuntimeError("index_add_cuda_ does not have a deterministic implementation, but you set ...")
 
     monkeypatch.setattr(train_module, "_train", no_deterministic_kernel)
-    with pytest.raises(NotImplementedError, match="--nondeterministic"):
+    with pytest.raises(NotImplementedError, match="--no-deterministic"):
         train(TrainConfig(**TOY), tmp_path / "c", device="cpu")
     assert torch.are_deterministic_algorithms_enabled() == before
 

@@ -17,6 +17,7 @@ only sink + window, as upstream's compressed cache does (compute only: the KV ca
 
 from __future__ import annotations
 
+import io
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,16 +34,33 @@ PATTERNS_DIR = Path(__file__).resolve().parent.parent / "data" / "duo_attention_
 
 
 def load_gates(path: str | Path) -> np.ndarray:
-    """Gate values ``[layers, kv_heads]`` from a ``full_attention_heads.tsv`` (or a folder holding one)."""
+    """Gate values ``[layers, kv_heads]`` from a ``full_attention_heads.tsv`` (or a folder holding one).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file is empty, not a tab-separated table of numbers, or holds a NaN or infinite gate (the
+            message names the file, and the first bad layer and KV head).
+    """
     path = Path(path)
     if path.is_dir():
         path = path / "full_attention_heads.tsv"
     if not path.exists():
         raise FileNotFoundError(f"no head-gate file at {path} (expected a full_attention_heads.tsv)")
     try:
-        gates = np.loadtxt(path, delimiter="\t", ndmin=2)
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a tab-separated table of numbers (not text)") from None
+    if not text.strip():
+        raise ValueError(f"{path} is empty; expected a tab-separated table of gates (layers × KV heads)")
+    try:
+        gates = np.loadtxt(io.StringIO(text), delimiter="\t", ndmin=2)
     except ValueError as err:
         raise ValueError(f"{path} is not a tab-separated table of numbers: {err}") from None
+    bad = np.argwhere(~np.isfinite(gates))
+    if len(bad):
+        layer, head = (int(i) for i in bad[0])
+        raise ValueError(f"{path} holds a non-finite gate ({gates[layer, head]}) at layer {layer}, KV head {head}; "
+                         "every gate must be a finite number")
     return gates
 
 
@@ -64,14 +82,13 @@ def binarize(gates: np.ndarray, sparsity: float | None, seed: int = 0) -> np.nda
 MODEL_GATES = "head_gates.tsv"  # a gate file shipped inside a model directory (e.g. the testbed's)
 
 
-def shipped_pattern(model: nn.Module, duo_patterns: bool = True) -> Path:
-    """The gates shipped with ``model``: ``<model dir>/head_gates.tsv``, else (with ``duo_patterns``) the shipped
-    DuoAttention pattern whose model name matches, else a clear error."""
+def shipped_pattern(source: str, duo_patterns: bool = True) -> Path:
+    """The gates shipped with the model at ``source`` (its folder or hub id): ``<model dir>/head_gates.tsv``, else
+    (with ``duo_patterns``) the shipped DuoAttention pattern whose model name matches, else a clear error."""
 
     def norm(name: str) -> str:
         return re.sub(r"^meta-", "", Path(name).name.lower())
 
-    source = getattr(model.config, "_name_or_path", "") or ""
     if source and (Path(source) / MODEL_GATES).exists():
         return Path(source) / MODEL_GATES
     shipped = sorted(p.name for p in PATTERNS_DIR.iterdir() if p.is_dir()) if duo_patterns else []
@@ -108,10 +125,31 @@ class HeadGates(Method):
 
     duo_patterns: ClassVar[bool] = True  # whether "auto" may take a shipped DuoAttention pattern
 
+    def __post_init__(self):
+        if self.sparsity is not None and not 0.0 <= self.sparsity <= 1.0:  # NaN fails too
+            raise ValueError(f"{self.name}.sparsity must lie in [0, 1] (or be None), got {self.sparsity}")
+        if self.seed < 0:
+            raise ValueError(f"{self.name}.seed must be >= 0, got {self.seed}")
+        if self.sink < 0:
+            raise ValueError(f"{self.name}.sink must be >= 0, got {self.sink}")
+        if self.local < 1:
+            raise ValueError(f"{self.name}.local must be >= 1, got {self.local}")
+        if self.pattern != "auto" and not Path(self.pattern).exists():
+            raise FileNotFoundError(f"{self.name}.pattern: no file or folder at {self.pattern} (expected a "
+                                    "full_attention_heads.tsv or a folder holding one, or 'auto')")
+
+    def gate_file(self, model_dir: str) -> Path:
+        """The gate file (or folder) this method loads for the model at ``model_dir`` (``pattern``, or for ``"auto"``
+        the gates shipped with the model)."""
+        return shipped_pattern(model_dir, self.duo_patterns) if self.pattern == "auto" else Path(self.pattern)
+
+    def artifacts(self, model_dir: str) -> dict[str, Path]:
+        return {"pattern": self.gate_file(model_dir)}
+
     def setup(self, model: nn.Module) -> None:
         from elastic_bench.attention import attention_modules
 
-        path = shipped_pattern(model, self.duo_patterns) if self.pattern == "auto" else Path(self.pattern)
+        path = self.gate_file(getattr(model.config, "_name_or_path", "") or "")
         gates = load_gates(path)
         modules = attention_modules(model)
         expected = (len(modules), model.config.num_key_value_heads)

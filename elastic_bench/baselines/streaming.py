@@ -30,6 +30,10 @@ class Streaming(Method):
     sparse_decode: bool = False
 
     def __post_init__(self):
+        if self.sink < 0:
+            raise ValueError(f"{self.name}.sink must be >= 0, got {self.sink}")
+        if self.local < 1:
+            raise ValueError(f"{self.name}.local must be >= 1, got {self.local}")
         self.geometry = StreamingGeometry(self.sink, self.local, self.granularity)
 
     def prefill_plan(self, call: AttentionCall) -> HeadPlan:

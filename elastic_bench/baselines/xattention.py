@@ -31,10 +31,15 @@ class XAttention(Method):
     block_size: int = 128
 
     def __post_init__(self):
-        if not 0.0 <= self.threshold <= 1.0:
-            raise ValueError(f"xattention threshold must lie in [0, 1], got {self.threshold}")
+        if not 0.0 <= self.threshold <= 1.0:  # NaN fails too
+            raise ValueError(f"{self.name}.threshold must lie in [0, 1], got {self.threshold}")
+        if self.stride < 1:
+            raise ValueError(f"{self.name}.stride must be >= 1, got {self.stride}")
+        if self.block_size < 1:
+            raise ValueError(f"{self.name}.block_size must be >= 1, got {self.block_size}")
         if self.block_size % self.stride:
-            raise ValueError(f"xattention stride {self.stride} must divide block_size {self.block_size}")
+            raise ValueError(f"{self.name}.stride must divide {self.name}.block_size ({self.block_size}), "
+                             f"got {self.stride}")
 
     def prefill_plan(self, call: AttentionCall) -> HeadPlan:
         blocks = xattention_select(call.query, call.key, self.threshold, self.stride, self.block_size)

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from elastic_bench.files import write_json
+from elastic_bench.files import exclusive, write_json
 from elastic_bench.kernels import StreamingGeometry
 from elastic_bench.training import (
     Objective,
@@ -170,6 +170,8 @@ class TrainConfig:
     init_from: str | None = None
 
     def __post_init__(self):
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
         if self.steps < 1 or self.batch_tokens < self.max_length:
             raise ValueError(f"need steps >= 1 and batch_tokens >= max_length, got {self.steps}, {self.batch_tokens}")
         if self.min_length > self.max_length or self.min_length < 128:
@@ -432,17 +434,19 @@ def train(
     Returns:
         The ``TRAINING.json`` record (``complete`` says whether all steps ran).
 
+    The output folder is locked for the run (`elastic_bench.files.exclusive`).
+
     Raises:
         NotImplementedError: ``config.deterministic`` and an operation has no deterministic kernel on the device.
     """
-    with deterministic_algorithms(config.deterministic):
+    with exclusive(output, command or "elastic-bench testbed train"), deterministic_algorithms(config.deterministic):
         try:
             return _train(config, Path(output), device, max_minutes, command, progress)
         except RuntimeError as error:
             if config.deterministic and "deterministic" in str(error):
                 raise NotImplementedError(
                     f"an operation has no deterministic kernel on this device ({str(error).splitlines()[0]}); "
-                    "train with --nondeterministic into a new --output folder"
+                    "train with --no-deterministic into a new --output folder"
                 ) from error
             raise
 

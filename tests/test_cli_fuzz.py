@@ -1,0 +1,316 @@
+"""Fuzzing the command line: seeded random malformed argument lists and ``--config`` files, built from the real
+parser's options, must each end in exit status 2 with exactly one line on stderr (never a traceback), before any
+model loads, and leave an existing results folder byte-identical.
+
+Every case holds at least one input that is bad whatever the rest of the case says (a wrong-typed value, an unknown
+option or name, a bad ``-O`` item, a malformed or ill-typed YAML file, a missing required option, an impossible
+device or output path, an out-of-range value), next to random well-typed options of the same command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import random
+import types
+import typing
+from pathlib import Path
+
+import pytest
+import yaml
+
+from elastic_bench import cli
+
+CASES = 200
+SEED = 2024
+COMMANDS = ["run", "report", "bench kernel", "train-router", "testbed train", "testbed data", "testbed eval",
+            "testbed heads", "testbed probe", "methods", "tasks"]
+WEIGHTS = [5, 2, 1, 2, 1, 1, 1, 1, 1, 0.5, 0.5]  # how often each command is drawn: run has the most inputs
+FOLDER_OUTPUT = {"run", "train-router", "testbed train", "report"}  # --output is a folder
+FILE_OUTPUT = {"bench kernel", "testbed data", "testbed eval", "testbed heads"}  # --output is a file
+# What each type of option is given when it is wrong (every one fails its option's conversion).
+WRONG = {
+    "an integer": ["abc", "1.5", "4KK", "1e3", "0x10", "K", "twelve"],
+    "a number": ["abc", "1.2.3", "one", "0.5x", "1,5"],
+    "a list of integers": ["1,x", "a,b", "4K,,y", "1.5"],
+    "a list of numbers": ["x,y", "1,z", "a"],
+    "a mapping NAME=a number": ["a", "=1", "a=x", "a=1,b", "a=1=2"],
+}
+# Out-of-range values that a command refuses before it loads a model: command -> [(flag, value)].
+OUT_OF_RANGE = {
+    "run": [("--limit", "0"), ("--lengths", "0"), ("--lengths", "640,-8"), ("--backend", "bogus")],
+    "bench kernel": [("--seed", "-5"), ("--cells", "bogus")],
+    "train-router": [("--seed", "-5"), ("--steps", "0"), ("--max-minutes", "-1"), ("--xa-threshold", "2")],
+    "testbed train": [("--seed", "-5"), ("--steps", "0"), ("--max-minutes", "-3"), ("--task-weights", "nope=1")],
+    "testbed data": [("--samples", "0"), ("--seed", "-5"), ("--lengths", "-1")],
+    "testbed eval": [("--samples", "0"), ("--local", "0"), ("--sink", "-1"), ("--lengths", "0")],
+    "testbed heads": [("--samples", "-2"), ("--length", "0"), ("--tasks", "nope")],
+    "testbed probe": [("--samples", "0"), ("--length", "0")],
+}
+BAD_DEVICES = ["gpu", "cuda:999", "cuda:-1", "", "cuda:x", "tpu:0", "CPU", " cpu"]
+BAD_METHOD_OPTIONS = [
+    "streaming.local", "streaminglocal=3", ".local=3", "streaming.=3", "=", "", "streaming.local=abc",
+    "streaming.local=[1, 2", "streaming.local=0", "streaming.sink=-1", "nope.x=1", "full.x=1", "streaming.bogus=1",
+    "elastic.router=/no/such/router", "xattention.stride=0", "duo_attention.sparsity=1.5", "elastic.xa_threshold=2",
+    "streaming.granularity=pixel", "streaming.sparse_decode=maybe",
+]
+YAML_SYNTAX_ERRORS = ["model: [unclosed\n", "a: b: c\n", "\t- x\n", "{\n", "methods: [full,\n", "key: 'open\n",
+                      "- a\nb: c\n", "\x00\x01binary\n"]
+YAML_NOT_A_MAPPING = ["- 1\n- 2\n", "just a string\n", "42\n", "[full, streaming]\n"]
+
+
+@dataclasses.dataclass
+class Option:
+    """One option of a command's parser."""
+
+    flag: str
+    forms: list[str]  # every spelling (a switch defaulting to True also has a --no- form)
+    dest: str
+    kind: str  # the parser's type name ("an integer", ...), "choice", "switch", "string" or "special"
+    choices: list[str] | None
+    required: bool
+
+
+def command_options() -> dict[str, list[Option]]:
+    """The options of every fuzzed command, read from the real parser."""
+    _, parsers = cli.build_parser()
+    found: dict[str, list[Option]] = {"methods": [], "tasks": []}
+    for name in COMMANDS:
+        if name in found:
+            continue
+        options = []
+        for action in parsers[name]._actions:
+            if isinstance(action, argparse._HelpAction) or not action.option_strings:
+                continue
+            if action.dest in ("config", "method_option"):
+                kind = "special"
+            elif action.nargs == 0:
+                kind = "switch"
+            elif action.choices:
+                kind = "choice"
+            else:
+                kind = getattr(action.type, "__name__", "a string")
+                kind = kind if kind in WRONG else "string"
+            options.append(Option(action.option_strings[0], list(action.option_strings), action.dest, kind,
+                                  list(action.choices) if action.choices else None, action.required))
+        found[name] = options
+    return found
+
+
+def well_typed(rng: random.Random, command: str, option: Option, paths: dict[str, Path]) -> list[str]:
+    """``option`` with a value of its type (plausible, not necessarily accepted by the command)."""
+    if option.kind == "switch":
+        return [rng.choice(option.forms)]
+    if option.kind == "choice":
+        return [option.flag, rng.choice(option.choices)]
+    if option.kind == "an integer":
+        return [option.flag, rng.choice(["1", "2", "16", "640", "1K"])]
+    if option.kind == "a number":
+        return [option.flag, rng.choice(["0.5", "1", "0.25", "0.9"])]
+    if option.kind == "a list of integers":
+        return [option.flag, rng.choice(["640", "1K,2K", "512"])]
+    if option.kind == "a list of numbers":
+        return [option.flag, rng.choice(["0.9,0.95", "0.5,0.5"])]
+    if option.kind == "a mapping NAME=a number":
+        return [option.flag, rng.choice(["sensitive=0.5", "robust=1", "niah_single=1"])]
+    values = {
+        "model": ["tiny:qwen3", "tiny:llama", "testbed"], "methods": ["full", "full,streaming", "streaming"],
+        "tasks": ["ruler_niah_single_1"] if command == "run" else ["niah_single", "niah_single,niah_multikey"],
+        "device": ["cpu"], "data": ["synthetic"], "cells": ["dense", "dense,streaming"], "backends": ["reference"],
+        "backend": ["auto", "reference"], "data_dir": [str(paths["scratch"] / "data")],
+        "output": [str(paths["results"])] if command == "run" else [str(paths["scratch"] / "out")],
+    }
+    return [option.flag, rng.choice(values.get(option.dest, ["x", "none"]))]
+
+
+def bad_yaml(rng: random.Random, path: Path) -> None:
+    """A RunConfig file that is malformed, not a mapping, or holds an unknown key or an ill-typed value."""
+    from elastic_bench.runner import RunConfig
+
+    kind = rng.choice(["syntax", "not a mapping", "unknown key", "ill-typed", "ill-typed"])
+    if kind == "syntax":
+        path.write_bytes(rng.choice(YAML_SYNTAX_ERRORS).encode())
+        return
+    if kind == "not a mapping":
+        path.write_text(rng.choice(YAML_NOT_A_MAPPING))
+        return
+    data: dict = {"model": "tiny:qwen3", "limit": 1} if rng.random() < 0.5 else {}
+    if kind == "unknown key":
+        data[rng.choice(["bogus", "method", "length", "Limit", "output_dir"])] = 1
+    else:
+        hints = typing.get_type_hints(RunConfig)
+        for name in rng.sample(sorted(hints), rng.randint(1, 3)):
+            data[name] = rng.choice(ill_typed(hints[name]))
+    path.write_text(yaml.safe_dump(data))
+
+
+def ill_typed(tp) -> list:
+    """YAML values that do not match the field type ``tp``."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    origin = typing.get_origin(tp)
+    if tp is bool:
+        return ["yes", 1, [True]]
+    if tp is int:
+        return ["abc", "2", 1.5, True, [1]]
+    if tp is str:
+        return [5, ["x"], {"a": 1}, 1.5]
+    if origin is typing.Literal:
+        return ["fp8", 3, ["bfloat16"]]
+    if origin is list and typing.get_args(tp)[0] is int:
+        return [["4K"], "640", [1.5], {"a": 1}]
+    if origin is list:
+        return ["full", [1], {"a": 1}]
+    if origin is dict:
+        return [[1], "x", {"streaming": 3}, {"streaming": {"local": "abc"}}, {"nope": {"x": 1}}]
+    return [object()]
+
+
+def make_case(rng: random.Random, command: str, options: list[Option], paths: dict[str, Path], index: int):
+    """One malformed command line of ``command``: its words, one or two bad inputs and random well-typed options."""
+    by_dest = {o.dest: o for o in options}
+    kinds = ["unknown option", "stray argument"]  # argparse refuses these first: drawn less than the rest
+    if any(o.kind in WRONG for o in options):
+        kinds += ["wrong type"] * 2
+    if any(o.kind == "choice" for o in options):
+        kinds.append("bad choice")
+    if any(o.kind == "switch" for o in options) and command != "report":
+        kinds.append("switch with a value")
+    if any(o.required for o in options) or command == "report":
+        kinds.append("missing required")
+    if "device" in by_dest:
+        kinds += ["device"] * 2
+    if command in FOLDER_OUTPUT | FILE_OUTPUT:
+        kinds += ["output"] * 2
+    if command in OUT_OF_RANGE:
+        kinds += ["out of range"] * 3
+    if command == "run":
+        kinds += ["-O"] * 4 + ["yaml"] * 4 + ["unknown name"] * 2 + ["missing config"]
+    if command == "report":
+        kinds += ["bad run folder"] * 3
+    bad: list[list[str]] = []
+    taken: set[str] = set()  # options the bad inputs set: the well-typed ones must not override them
+    drop_required = False
+    run_dir: str | None = str(paths["results"])
+    for kind in rng.sample(kinds, min(len(kinds), rng.choice([1, 1, 1, 2]))):
+        if kind == "unknown option":
+            word = rng.choice(["bogus", "frobnicate", "lenghts", "method", "verbose-mode", "x"])
+            bad.append([f"--{word}-{index}"] + ([rng.choice(["1", "x"])] if rng.random() < 0.5 else []))
+        elif kind == "stray argument":
+            bad.append([rng.choice(["stray", "extra", "1"])])
+        elif kind == "wrong type":
+            option = rng.choice([o for o in options if o.kind in WRONG and o.dest not in taken])
+            bad.append([option.flag, rng.choice(WRONG[option.kind])])
+            taken.add(option.dest)
+        elif kind == "bad choice":
+            option = rng.choice([o for o in options if o.kind == "choice"])
+            bad.append([option.flag, rng.choice(["fp8", "none", "FULL", "bogus"])])
+            taken.add(option.dest)
+        elif kind == "switch with a value":
+            option = rng.choice([o for o in options if o.kind == "switch"])
+            bad.append([option.flag, rng.choice(["yes", "no", "maybe"])])
+        elif kind == "missing required":
+            drop_required = True
+            run_dir = None
+        elif kind == "device" and "device" not in taken:
+            bad.append(["--device", rng.choice(BAD_DEVICES)])
+            taken.add("device")
+        elif kind == "output" and "output" not in taken:
+            target = paths["file"] if command in FOLDER_OUTPUT else paths["folder"]
+            bad.append(["--output", str(rng.choice([target, target / "inside"] if target.is_file() else [target]))])
+            taken.add("output")
+        elif kind == "out of range":
+            flag, value = rng.choice(OUT_OF_RANGE[command])
+            dest = flag[2:].replace("-", "_")
+            if dest not in taken:
+                bad.append([flag, value])
+                taken.add(dest)
+        elif kind == "-O":
+            bad.append(["-O", rng.choice(BAD_METHOD_OPTIONS)])
+        elif kind == "yaml":
+            config = paths["scratch"] / f"config-{index}.yaml"
+            bad_yaml(rng, config)
+            bad.append(["--config", str(config)])
+        elif kind == "missing config":
+            bad.append(["--config", str(paths["scratch"] / "absent.yaml")])
+        elif kind == "unknown name" and not taken & {"methods", "tasks"}:
+            option = rng.choice(["--methods", "--tasks"])
+            bad.append([option, rng.choice(["full,nope", "nope", "strea ming", "ruler_nope"])])
+            taken.add(option[2:])
+        elif kind == "bad run folder":
+            run_dir = str(rng.choice([paths["scratch"] / "absent", paths["file"], paths["empty"]]))
+    if not bad and not drop_required:  # every kind drawn was already taken: fall back to an unknown option
+        bad.append([f"--bogus-{index}"])
+    filler = [o for o in options if o.dest not in taken and o.kind != "special" and not o.required]
+    pieces = [well_typed(rng, command, o, paths) for o in rng.sample(filler, min(len(filler), rng.randint(0, 4)))]
+    if not drop_required:
+        pieces += [well_typed(rng, command, o, paths) for o in options if o.required and o.dest not in taken]
+    pieces += bad
+    rng.shuffle(pieces)
+    words = command.split()
+    if command == "report" and run_dir is not None:
+        words.append(run_dir)
+    return words + [w for piece in pieces for w in piece]
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory) -> dict[str, Path]:
+    """A results folder made by one tiny run, an existing file, an existing folder, an empty folder, a scratch
+    folder."""
+    root = tmp_path_factory.mktemp("fuzz")
+    results = root / "results"
+    argv = ["run", "--model", "tiny:qwen3", "--methods", "full", "--tasks", "ruler_niah_single_1", "--lengths", "640",
+            "--limit", "1", "--no-progress", "--device", "cpu", "--output", str(results)]
+    assert cli.main(argv) == 0
+    (root / "a-file.txt").write_text("not a folder")
+    for name in ("a-folder", "empty", "scratch"):
+        (root / name).mkdir()
+    return {"results": results, "file": root / "a-file.txt", "folder": root / "a-folder", "empty": root / "empty",
+            "scratch": root / "scratch"}
+
+
+class Reached(BaseException):
+    """Raised where a case would start real work; main() does not catch it, so the test names the case."""
+
+
+def test_malformed_command_lines_end_in_one_line_before_any_model_loads(paths, capsys, monkeypatch):
+    def reached(what):
+        def stop(*args, **kwargs):
+            raise Reached(what)
+
+        return stop
+
+    for target in ("elastic_bench.models.load_model", "elastic_bench.runner.run", "elastic_bench.method.trainer.train",
+                   "elastic_bench.testbed.training.train.train", "elastic_bench.kernels.bench.run_kernel_bench",
+                   "elastic_bench.testbed.training.records.write_records", "elastic_bench.reports.write_report"):
+        monkeypatch.setattr(target, reached(target))
+    before = digest(paths["results"])
+    options = command_options()
+    rng = random.Random(SEED)
+    failures = []
+    capsys.readouterr()
+    for index in range(CASES):
+        command = COMMANDS[index] if index < len(COMMANDS) else rng.choices(COMMANDS, WEIGHTS)[0]
+        argv = make_case(rng, command, options[command], paths, index)
+        try:
+            code = cli.main(argv)
+        except SystemExit as exit_:  # argparse's own errors
+            code = exit_.code
+        except Reached as stop:
+            failures.append(f"{argv}: reached {stop} (the case was not refused)")
+            continue
+        out, err = capsys.readouterr()
+        lines = err.strip().splitlines()
+        if code != 2 or len(lines) != 1 or "Traceback" in err + out:
+            failures.append(f"{argv}: exit {code}, stderr {err!r}")
+        if digest(paths["results"]) != before:
+            failures.append(f"{argv}: changed the results folder")
+            before = digest(paths["results"])
+    assert not any(paths["scratch"].glob("out*")) and not any(paths["folder"].iterdir())
+    assert not failures, f"{len(failures)} of {CASES} cases:\n" + "\n".join(failures)
