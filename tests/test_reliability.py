@@ -195,7 +195,7 @@ def test_sigkill_at_random_points_then_resume_gives_the_uninterrupted_results(tm
         process = _subprocess_run(killed, *args)
         if not _wait_for_lock(killed, process):
             break  # nothing left to do
-        time.sleep(rng.uniform(0, 2 * work / 20))
+        time.sleep(rng.uniform(0, work / 20))  # 20 kills land within the run's work
         if process.poll() is not None:  # finished before the kill
             assert process.returncode == 0, process.communicate()
             break
@@ -204,7 +204,7 @@ def test_sigkill_at_random_points_then_resume_gives_the_uninterrupted_results(tm
         kills += 1
     final = _subprocess_run(killed, *args)
     assert final.wait(timeout=600) == 0, final.communicate()
-    assert kills >= 10
+    assert kills == 20
     assert _results(killed) == _results(tmp_path / "whole")
 
 
