@@ -1,4 +1,5 @@
-"""Greedy generation with a timed one-shot prefill (time to first token), one prompt at a time."""
+"""Greedy generation with a timed one-shot prefill (time to first token), one prompt at a time, and the untimed
+warm-up prefill that compiles a method's kernels before the first timed one."""
 
 from __future__ import annotations
 
@@ -20,14 +21,54 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class _PrefillTimer:
+    """Seconds of the prefill forward: CUDA events on the GPU (the device time between them), ``perf_counter`` after a
+    synchronisation elsewhere."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+
+    def __enter__(self):
+        if self.cuda:
+            self.events[0].record()
+        else:
+            self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            self.events[1].record()
+            self.events[1].synchronize()
+            self.seconds = self.events[0].elapsed_time(self.events[1]) / 1000
+        else:
+            self.seconds = time.perf_counter() - self.start
+
+
+def _prefill(model, ids: torch.Tensor, cache) -> torch.Tensor:
+    return model(ids, None, None, cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+
+
+@torch.inference_mode()
+def warm_up(model, input_ids: list[int]) -> None:
+    """One untimed prefill of ``input_ids``, exactly as `greedy_generate` runs it: the first call of a compiled
+    backend (Triton, FlexAttention) pays for compilation, which no timed prefill then includes."""
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    _prefill(model, torch.tensor([input_ids], device=device), DynamicCache())
+    _sync(device)
+
+
 @torch.inference_mode()
 def greedy_generate(
     model, input_ids: list[int], max_new_tokens: int, stop_ids: set[int], min_new_tokens: int = 0
 ) -> Generation:
     """Greedy decoding of one prompt.
 
-    The prompt is prefilled in one forward (``logits_to_keep=1``), timed with a device synchronisation on both
-    sides; decode steps reuse the KV cache. Generation stops at a token of ``stop_ids`` (not returned) once
+    The prompt is prefilled in one forward (``logits_to_keep=1``), timed with CUDA events on the GPU (`_PrefillTimer`);
+    decode steps reuse the KV cache. Generation stops at a token of ``stop_ids`` (not returned) once
     ``min_new_tokens`` tokens exist; before that, stop tokens are masked out.
     """
     from transformers import DynamicCache
@@ -37,10 +78,9 @@ def greedy_generate(
     ids = torch.tensor([input_ids], device=device)
     stop = torch.tensor(sorted(stop_ids), device=device, dtype=torch.long)
     _sync(device)
-    start = time.perf_counter()
-    logits = model(ids, None, None, cache, use_cache=True, logits_to_keep=1).logits[:, -1]
-    _sync(device)
-    prefill = time.perf_counter() - start
+    with _PrefillTimer(device) as timer:
+        logits = _prefill(model, ids, cache)
+    prefilled = time.perf_counter()
     tokens: list[int] = []
     for step in range(max_new_tokens):
         if step < min_new_tokens and stop.numel():
@@ -52,4 +92,4 @@ def greedy_generate(
         if step + 1 < max_new_tokens:
             logits = model(token[:, None], None, None, cache, use_cache=True).logits[:, -1]
     _sync(device)
-    return Generation(tokens, prefill, time.perf_counter() - start - prefill)
+    return Generation(tokens, timer.seconds, time.perf_counter() - prefilled)

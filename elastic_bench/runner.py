@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -237,6 +238,7 @@ def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunCo
     import torch
     from tqdm.auto import tqdm
 
+    from elastic_bench import generation
     from elastic_bench.attention import apply
 
     if ranks.is_main:
@@ -248,6 +250,9 @@ def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunCo
     desc = f"{method.label()} · {task.name} · {cell.length}"
     error = None
     try:
+        if mine:  # compile the method's kernels at this length before the first timed prefill
+            with apply(method, model, backend=config.backend):
+                generation.warm_up(model, mine[0].input_ids)
         with apply(method, model, backend=config.backend) as handle:
             shown = config.progress and ranks.is_main
             for sample in tqdm(mine, desc=desc, disable=not shown, leave=False, file=sys.stderr):
@@ -277,6 +282,7 @@ def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunCo
                     "world_size": ranks.world_size,
                     **scores,
                     **{key: _mean(records, key) for key in MEANS},
+                    "prefill_seconds_median": statistics.median(r["prefill_seconds"] for r in records),
                     **method.extra_stats(),
                 }
             )

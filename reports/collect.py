@@ -20,8 +20,9 @@ class CellResult:
     """One (model, method, task, length) cell as written by the runner.
 
     ``method`` is the result folder's name (a method and its options); ``score`` is the task's official score in
-    percent; ``omega_msr`` / ``omega_esr`` are the cell means of the per-sample sparsity; ``prefill_seconds`` the mean
-    prefill time per sample. ``error`` is set for failed cells, whose numbers are NaN.
+    percent; ``omega_msr`` / ``omega_esr`` are the cell means of the per-sample sparsity; ``prefill_seconds`` the
+    median prefill time per sample (the mean for cells that record no median); ``device`` and ``backend`` say where
+    and on which attention kernel the prefills ran. ``error`` is set for failed cells, whose numbers are NaN.
     """
 
     model: str
@@ -35,6 +36,8 @@ class CellResult:
     prefill_seconds: float
     num_samples: int
     error: str | None = None
+    device: str = ""
+    backend: str = ""
 
     @property
     def complete(self) -> bool:
@@ -82,9 +85,12 @@ def load_cells(run_dir: str | Path) -> list[CellResult]:
                     score=_number(metrics, "score"),
                     omega_msr=_number(metrics, "omega_msr"),
                     omega_esr=_number(metrics, "omega_esr"),
-                    prefill_seconds=_number(metrics, "prefill_seconds"),
+                    prefill_seconds=_number(metrics, "prefill_seconds_median" if "prefill_seconds_median" in metrics
+                                            else "prefill_seconds"),
                     num_samples=int(metrics.get("num_samples") or 0),
                     error=error,
+                    device=str(metrics.get("device") or ""),
+                    backend=str(metrics.get("backend_used") or ""),
                 )
             )
         except (KeyError, ValueError, TypeError) as err:  # JSON and UTF-8 decode errors are ValueErrors

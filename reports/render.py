@@ -22,16 +22,17 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 def _tables(report: ModelReport) -> list[tuple[str, list[str], list[list[str]]]]:
     """(title, header, rows) of the model's tables."""
     on_front = {f.axis: set(f.methods) for f in report.frontiers}
-    head = ["method", "mean score", *report.tasks, "ΩMSR", "ΩESR", "prefill s"]
+    head = ["method", "mean score", *report.tasks, "ΩMSR", "ΩESR", "prefill s (median)", "backend", "device"]
     if any(s.speedup is not None for s in report.methods):
         head.append(f"× {BASELINE}")
     head.append("on frontier")
     rows = []
     for s in report.methods:
         row = [s.method, _fmt(s.score), *(_fmt(s.task_scores[t]) for t in report.tasks), _fmt(s.omega_msr, 3),
-               _fmt(s.omega_esr, 3), _fmt(s.prefill_seconds, 3)]
+               _fmt(s.omega_esr, 3), _fmt(s.prefill_seconds, 3), ", ".join(s.backends) or "–",
+               ", ".join(s.devices) or "–"]
         if s.speedup is not None:
-            row.append(_fmt(s.speedup))
+            row.append(_fmt(s.speedup) + ("" if s.measures_kernels else " *"))
         row.append(", ".join(axis for axis, names in on_front.items() if s.method in names) or "–")
         rows.append(row)
     by_length = [[s.method, *(_fmt(s.length_scores[n]) for n in report.lengths)] for s in report.methods]
@@ -53,6 +54,17 @@ def _cell_sections(report: ModelReport) -> list[tuple[str, list[str]]]:
 def _comparable(report: ModelReport) -> str:
     return (f"Comparable cells (completed by every method): {len(report.tasks)} task(s) × {len(report.lengths)} "
             f"length(s): {', '.join(report.tasks) or '–'} at {', '.join(map(str, report.lengths)) or '–'} tokens.")
+
+
+CAVEAT = ("* timed on the CPU or on the `reference` backend: masked attention costs more than dense there, so this "
+          "speedup does not measure kernel speed.")
+
+
+def _caveat(report: ModelReport) -> str | None:
+    """The footnote of the speedup column, when a method's prefills were not timed on a GPU kernel."""
+    if any(s.speedup is not None and not s.measures_kernels for s in report.methods):
+        return CAVEAT
+    return None
 
 
 def svg_plot(report: ModelReport, axis: str) -> str:
@@ -111,6 +123,8 @@ def render_markdown(reports: list[ModelReport], source: str, stamp: str) -> str:
             for title, head, rows in _tables(r):
                 lines += [f"**{title}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
                 lines += ["| " + " | ".join(row) + " |" for row in rows] + [""]
+                if title.startswith("Scores") and _caveat(r):
+                    lines += [_caveat(r), ""]
             for f in r.frontiers:
                 lines += [f"Pareto frontier, score vs {AXES[f.axis]}: {' → '.join(f.methods) or '–'} "
                           f"([plot]({_svg_name(r.model, f.axis)}))", ""]
@@ -136,6 +150,8 @@ def render_html(reports: list[ModelReport], source: str, stamp: str) -> str:
                 parts.append(f"<h3>{e(title)}</h3><table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>")
                 parts += ["<tr>" + "".join(f"<td>{e(v)}</td>" for v in row) + "</tr>" for row in rows]
                 parts.append("</table>")
+                if title.startswith("Scores") and _caveat(r):
+                    parts.append(f"<p>{e(_caveat(r))}</p>")
             parts.append('<div class="plots">')
             for f in r.frontiers:
                 parts.append(f"<figure>{svg_plot(r, f.axis)}<figcaption>Pareto frontier, score vs "

@@ -4,8 +4,10 @@ Design decisions:
 - Methods are compared on the same cells only: the (task, length) pairs that *every* method of the model completed.
   Cells outside that set are listed as excluded, failed cells with their errors; nothing is averaged over unequal sets.
 - Means weigh every comparable cell equally (the RULER convention of averaging task scores).
-- Speedup is ``Σ full prefill / Σ method prefill`` over the comparable cells, against the method folder ``full`` of
-  the same model; without it there is no speedup column or frontier.
+- Speedup is ``Σ full prefill / Σ method prefill`` over the comparable cells (each cell's median prefill, after the
+  runner's untimed warm-up), against the method folder ``full`` of the same model; without it there is no speedup
+  column or frontier. Prefills timed on the CPU or on the ``reference`` backend do not measure kernel speed (masked
+  attention costs more than dense there): the report says so beside such speedups.
 - A frontier keeps the methods no other method beats on both axes (higher score, and higher ΩESR or speedup).
 """
 
@@ -32,6 +34,14 @@ class MethodSummary:
     omega_esr: float
     prefill_seconds: float
     speedup: float | None
+    devices: list[str] = field(default_factory=list)
+    backends: list[str] = field(default_factory=list)
+
+    @property
+    def measures_kernels(self) -> bool:
+        """Whether every prefill was timed on a GPU with a kernel backend (not the CPU, not ``reference``)."""
+        return bool(self.devices) and not any(d.startswith("cpu") for d in self.devices) and "reference" not in \
+            self.backends
 
 
 @dataclass
@@ -94,6 +104,8 @@ def summarize(cells: list[CellResult]) -> list[ModelReport]:
                     omega_esr=_mean([c.omega_esr for c in used]),
                     prefill_seconds=_mean([c.prefill_seconds for c in used]),
                     speedup=None,
+                    devices=sorted({c.device for c in used if c.device}),
+                    backends=sorted({c.backend for c in used if c.backend}),
                 )
             )
         base = next((s for s in summaries if s.method == BASELINE), None)

@@ -51,8 +51,10 @@ def test_recorded_backend_is_the_one_that_ran(tmp_path, monkeypatch):
     assert [r["backend"] for r in short_predictions] == ["reference"] * 2
     assert [r["backend"] for r in long_predictions] == ["stub_long"] * 2
     layers = 2  # tiny:qwen3
-    expected = [("reference", r["input_tokens"]) for r in short_predictions for _ in range(layers)]
-    expected += [("stub_long", r["input_tokens"]) for r in long_predictions for _ in range(layers)]
+    expected = []
+    for backend, predictions in (("reference", short_predictions), ("stub_long", long_predictions)):
+        warm_up = [predictions[0]]  # the untimed forward before the cell's first timed prefill
+        expected += [(backend, r["input_tokens"]) for r in warm_up + predictions for _ in range(layers)]
     assert ran == expected
 
 
@@ -90,3 +92,29 @@ def test_on_cuda_a_32k_cell_records_the_single_launch_its_prompts_ran(tmp_path):
     above, above_predictions = _cell_metrics(tmp_path / "run", "full", SPLIT_MIN_KEYS + 512)
     assert below_predictions[0]["input_tokens"] < SPLIT_MIN_KEYS <= above_predictions[0]["input_tokens"]
     assert below["backend_used"] == "triton" and above["backend_used"] == "split"
+
+
+def test_the_warm_up_prefill_is_not_timed(tmp_path, monkeypatch):
+    """A backend whose first call is slow (as a compiled kernel's is) costs the warm-up forward, never a timed
+    prefill: every sample's prefill, the cell's median and mean stay fast."""
+    import time
+
+    calls = []
+
+    def slow_first(q, k, v, plan, scale):
+        if not calls:
+            time.sleep(1.0)  # "compilation"
+        calls.append(k.shape[2])
+        return naive_hybrid_attention(q, k, v, plan, scale)
+
+    monkeypatch.setattr(hybrid, "_BACKENDS", dict(hybrid._BACKENDS))
+    hybrid.register_backend("compiled_stub", slow_first, lambda device: device.type == "cpu", 100)
+    config = RunConfig(methods=["full"], tasks=["ruler_niah_single_1"], lengths=[640], limit=2,
+                       output=str(tmp_path / "run"), device="cpu", progress=False)
+    run(config)
+    metrics, predictions = _cell_metrics(tmp_path / "run", "full", 640)
+    assert metrics["backend_used"] == "compiled_stub"
+    assert max(r["prefill_seconds"] for r in predictions) < 0.5
+    assert metrics["prefill_seconds_median"] < 0.5 and metrics["prefill_seconds"] < 0.5
+    warm_up = 2  # layers of tiny:qwen3: the untimed forward ran first, over the first sample's prompt
+    assert calls[:warm_up] == [predictions[0]["input_tokens"]] * warm_up

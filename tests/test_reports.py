@@ -13,13 +13,14 @@ from elastic_bench.files import digest, write_json, write_jsonl
 from elastic_bench.reports import load_cells, pareto_front, summarize, write_report
 
 
-def _cell(root, method, task, length, score, esr, prefill, status="complete", model="m"):
+def _cell(root, method, task, length, score, esr, prefill, status="complete", model="m", device="NVIDIA H200",
+          backend="split"):
     folder = root / model / method / task / str(length)
-    metrics = {"status": status, "num_samples": 4}
+    metrics = {"status": status, "num_samples": 4, "device": device, "backend_used": backend}
     if status == "complete":
         write_jsonl(folder / "predictions.jsonl", [{"id": str(i), "score": score / 100} for i in range(4)])
-        metrics.update(score=score, omega_msr=esr * 2, omega_esr=esr, prefill_seconds=prefill,
-                       predictions_sha256=digest(folder / "predictions.jsonl"))
+        metrics.update(score=score, omega_msr=esr * 2, omega_esr=esr, prefill_seconds=prefill * 2,
+                       prefill_seconds_median=prefill, predictions_sha256=digest(folder / "predictions.jsonl"))
     else:
         metrics["error"] = "out of memory at 4096 tokens (rank 0)"
     write_json(folder / "metrics.json", metrics)
@@ -75,8 +76,10 @@ def test_report_files_render_tables_frontiers_and_failures(run_dir, tmp_path):
     written = write_report(summarize(load_cells(run_dir)), tmp_path / "out", source=str(run_dir))
     assert sorted(p.name for p in written) == ["m__omega_esr.svg", "m__speedup.svg", "report.html", "report.md"]
     md = (tmp_path / "out" / "report.md").read_text()
-    assert "| elastic | 60.00 | 35.00 | 85.00 | 0.800 | 0.400 | 1.250 | 1.60 | omega_esr, speedup |" in md
-    assert "| bad | 25.00 |" in md and "| bad | 25.00 | 0.00 | 50.00 | 0.600 | 0.300 | 1.500 | 1.33 | – |" in md
+    row = "| elastic | 60.00 | 35.00 | 85.00 | 0.800 | 0.400 | 1.250 | split | NVIDIA H200 | 1.60 | omega_esr, speedup"
+    assert row + " |" in md  # prefill: the cells' medians
+    assert "| bad | 25.00 | 0.00 | 50.00 | 0.600 | 0.300 | 1.500 | split | NVIDIA H200 | 1.33 | – |" in md
+    assert "does not measure kernel speed" not in md
     assert "Pareto frontier, score vs ΩESR (fraction of causal pairs skipped): full → elastic → streaming" in md
     assert "- full · ruler_niah · 4096" in md and "- streaming · ruler_niah · 4096: out of memory" in md
     html = (tmp_path / "out" / "report.html").read_text()
@@ -114,3 +117,11 @@ def test_a_complete_cell_whose_predictions_were_cut_is_reported_as_failed(run_di
     predictions.write_text(predictions.read_text()[:-10])  # a torn last line
     cell = next(c for c in load_cells(run_dir) if (c.method, c.task, c.length) == ("elastic", "lb_qa", 1024))
     assert not cell.complete and "not the one its metrics.json was computed from" in cell.error
+
+
+def test_speedups_timed_on_the_cpu_or_the_reference_backend_are_marked(tmp_path):
+    _cell(tmp_path, "full", "t", 1024, 50.0, 0.0, 2.0, device="cpu (x86_64)", backend="reference")
+    _cell(tmp_path, "streaming", "t", 1024, 40.0, 0.5, 4.0, device="cpu (x86_64)", backend="reference")
+    write_report(summarize(load_cells(tmp_path)), tmp_path / "out", source=str(tmp_path))
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| reference | cpu (x86_64) | 0.50 * |" in md and "does not measure kernel speed" in md
