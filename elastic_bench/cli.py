@@ -360,6 +360,22 @@ def _bench_kernel(args) -> int:
     return 0
 
 
+def _bench_prefill(args) -> int:
+    from elastic_bench.bench.prefill import PrefillBenchConfig, format_table, run_prefill_bench
+    from elastic_bench.files import write_json
+    from elastic_bench.provenance import provenance
+
+    config = from_args(PrefillBenchConfig, args)
+    _check_device(config.device)
+    _file_output(config.output)
+    report = run_prefill_bench(config)
+    report = {"provenance": provenance(report["device"]), "command": _command(args), **report}
+    print(format_table(report))
+    write_json(config.output, report)
+    print(f"results: {config.output}")
+    return 0
+
+
 def _train_router(args) -> int:
     import os
 
@@ -495,6 +511,7 @@ CONFIGS: dict[str, tuple[type | str, ...]] = {
     "demo": (DemoConfig,),
     "report": (ReportConfig,),
     "bench kernel": ("elastic_bench.kernels.bench:KernelBenchConfig",),
+    "bench prefill": ("elastic_bench.bench.prefill:PrefillBenchConfig",),
     "train-router": ("elastic_bench.method.trainer:TrainConfig", TrainRun),
     "testbed train": (TestbedTrainRun, "elastic_bench.testbed.training.train:TrainConfig"),
     "testbed data": (TestbedDataConfig,),
@@ -541,6 +558,14 @@ DESCRIPTIONS: dict[str, tuple[str, str, Callable[[Any], int]]] = {
                      "scaled_dot_product_attention and the XAttention estimation. Prints a table (ms, effective "
                      "TFLOP/s on attended pairs, speedup vs dense SDPA and vs flex) and writes JSON with the versions "
                      "and the device.", _bench_kernel),
+    "bench prefill": ("time a model's prefill under each method beside full attention and the no-attention floor",
+                      "Time one prefill forward of random token ids (batch 1, logits_to_keep=1, no cache; bf16 on "
+                      "CUDA) under the floor (attention replaced by a no-op: what no sparse method can beat), the "
+                      "model's own SDPA, the full method and each of --methods, after one untimed warm-up forward. "
+                      "Prints a table (median and mean seconds, speedup vs full, fraction of the ideal speedup "
+                      "t_full / (t_floor + (t_full - t_floor)(1 - ΩESR)), ΩMSR, ΩESR, routing time, kernel backend, "
+                      "peak memory) and writes JSON with the versions and the device. A method that fails is "
+                      "recorded with its error.", _bench_prefill),
     "train-router": ("train Elastic Attention routers (frozen backbone)",
                      "Train one Attention Router per layer of a frozen model, with per-category Lagrangian sparsity "
                      "targets (Elastic Attention, arXiv 2601.17367). Writes router.safetensors + router_config.json, "

@@ -100,7 +100,7 @@ class Method:
 
     def decode_plan(self, call: AttentionCall) -> HeadPlan:
         """Decode steps attend the whole KV cache (no decode-time sparsity, as upstream)."""
-        return HeadPlan.full(call.batch_size, call.num_kv_heads, device=call.query.device)
+        return HeadPlan.full(call.batch_size, call.num_kv_heads)  # host modes: no device synchronisation
 
     def attend(self, call: AttentionCall, plan: HeadPlan, scale: float | None, backend: str) -> torch.Tensor:
         """Compute the call's attention ``[B, Hq, Lq, D]`` under ``plan`` on the concrete ``backend`` the glue

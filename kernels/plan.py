@@ -117,7 +117,9 @@ class HeadPlan:
     """Per-sample, per-KV-head attention modes of one layer for one forward.
 
     Attributes:
-        modes: uint8 ``[B, H]`` of ``Mode`` values, one per sample and KV head.
+        modes: uint8 ``[B, H]`` of ``Mode`` values, one per sample and KV head, on the host or the device. Host modes
+            (what a static method knows before the call) spare the device synchronisations that reading device modes
+            on the host costs (``has``, the split of FULL heads, pair counts); every kernel takes either.
         streaming: geometry shared by the STREAMING heads of this plan.
         blocks: selected key blocks for BLOCK_SPARSE heads, per query head (``[B, Hq, nQ]`` CSR); required iff a
             head is BLOCK_SPARSE. Rows of other heads are ignored.

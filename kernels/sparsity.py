@@ -83,7 +83,8 @@ def pair_counts(plan: HeadPlan, q_len: int, k_len: int, num_query_heads: int) ->
     """Exact attended-pair counts of ``plan`` for a call with ``q_len`` queries over ``k_len`` keys."""
     B, H = plan.modes.shape
     G = num_query_heads // H
-    modes = plan.modes.long()
+    device = plan.blocks.counts.device if plan.blocks is not None else plan.modes.device  # where the counts are
+    modes = plan.modes.to(device, non_blocking=True).long()
     total = causal_pairs(q_len, k_len)
     attended = torch.full((B, H), float(total), dtype=torch.float64, device=modes.device)
     attended_last = torch.full((B, H), float(k_len if q_len else 0), dtype=torch.float64, device=modes.device)

@@ -136,12 +136,13 @@ def test_gemm_chunks_are_block_rows_within_the_scratch_bound():
 # ---- Triton against the reference (interpreter, child process) ------------------------------------------------------
 
 # name: (B, H, G, Lq, Lk, D, stride, block_size, threshold, heads)
-CASES = {
-    "gqa4_stride8": (1, 2, 4, 300, 300, 32, 8, 32, 0.9, None),
-    "gqa1_stride16_q_shorter": (2, 2, 1, 100, 333, 16, 16, 64, 0.8, [[True, False], [True, True]]),
-    "per_head_tau": (1, 1, 4, 256, 256, 64, 4, 16, [0.5, 0.7, 0.9, 1.0], None),
-    "stride16_block128": (1, 1, 2, 700, 700, 16, 16, 128, 0.9, None),
-    "gqa4_stride16_q_shorter": (1, 2, 4, 150, 520, 16, 16, 64, 0.9, [[False, True]]),
+CASES = {  # (B, H, G, Lq, Lk, D, stride, block size, tau, heads, strided: q and k laid out as a model's)
+    "gqa4_stride8": (1, 2, 4, 300, 300, 32, 8, 32, 0.9, None, False),
+    "gqa1_stride16_q_shorter": (2, 2, 1, 100, 333, 16, 16, 64, 0.8, [[True, False], [True, True]], False),
+    "per_head_tau": (1, 1, 4, 256, 256, 64, 4, 16, [0.5, 0.7, 0.9, 1.0], None, False),
+    "stride16_block128": (1, 1, 2, 700, 700, 16, 16, 128, 0.9, None, False),
+    "gqa4_stride16_q_shorter": (1, 2, 4, 150, 520, 16, 16, 64, 0.9, [[False, True]], False),
+    "model_layout_head_subset": (1, 2, 4, 256, 256, 16, 16, 64, 0.9, [[True, False]], True),
 }
 
 
@@ -150,9 +151,11 @@ _CSR_FIELDS = ("counts", "offsets", "indices")
 
 def _case(name: str) -> tuple:
     """(q, k, tau, stride, block size, heads, Lq, Lk) of case ``name``."""
-    B, H, G, Lq, Lk, D, stride, bs, tau, heads = CASES[name]
+    B, H, G, Lq, Lk, D, stride, bs, tau, heads, strided = CASES[name]
     gen = torch.Generator().manual_seed(sum(map(ord, name)))
     q, k = torch.randn(B, H * G, Lq, D, generator=gen), torch.randn(B, H, Lk, D, generator=gen)
+    if strided:  # [B, L, heads, D] memory seen as [B, heads, L, D], as attention modules hand them over
+        q, k = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k))
     heads = torch.tensor(heads) if heads is not None else None
     return q, k, torch.tensor(tau) if isinstance(tau, list) else tau, stride, bs, heads, Lq, Lk
 

@@ -14,4 +14,4 @@ class Full(Method):
     """All heads FULL at prefill and decode (ΩMSR = ΩESR = 0)."""
 
     def prefill_plan(self, call: AttentionCall) -> HeadPlan:
-        return HeadPlan.full(call.batch_size, call.num_kv_heads, device=call.query.device)
+        return HeadPlan.full(call.batch_size, call.num_kv_heads)  # host modes: no device synchronisation

@@ -164,7 +164,7 @@ class HeadGates(Method):
         self._geometry = StreamingGeometry(self.sink, self.local)
 
     def prefill_plan(self, call: AttentionCall) -> HeadPlan:
-        row = self._modes[self._layer_row[call.layer_idx]].to(call.query.device)
+        row = self._modes[self._layer_row[call.layer_idx]]  # host modes: no device synchronisation
         return HeadPlan(row.expand(call.batch_size, -1), self._geometry)
 
     def decode_plan(self, call: AttentionCall) -> HeadPlan:

@@ -38,7 +38,7 @@ class Streaming(Method):
 
     def prefill_plan(self, call: AttentionCall) -> HeadPlan:
         return HeadPlan.uniform(
-            Mode.STREAMING, call.batch_size, call.num_kv_heads, device=call.query.device, streaming=self.geometry
+            Mode.STREAMING, call.batch_size, call.num_kv_heads, streaming=self.geometry  # host modes: no sync
         )
 
     def decode_plan(self, call: AttentionCall) -> HeadPlan:

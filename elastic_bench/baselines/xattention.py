@@ -44,6 +44,6 @@ class XAttention(Method):
     def prefill_plan(self, call: AttentionCall) -> HeadPlan:
         blocks = xattention_select(call.query, call.key, self.threshold, self.stride, self.block_size)
         return HeadPlan.uniform(
-            Mode.BLOCK_SPARSE, call.batch_size, call.num_kv_heads, device=call.query.device, blocks=blocks,
+            Mode.BLOCK_SPARSE, call.batch_size, call.num_kv_heads, blocks=blocks,  # host modes: no sync
             block_size=self.block_size,
         )

@@ -59,7 +59,7 @@ def block_mask(plan: HeadPlan, num_query_heads: int, q_len: int, k_len: int, dev
     B, H = plan.modes.shape
     Hq, bs, off = num_query_heads, plan.block_size, k_len - q_len
     n_q, n_k = -(-q_len // bs), -(-k_len // bs)
-    modes = plan.modes.to(device=device, dtype=torch.int32).repeat_interleave(Hq // H, dim=1)  # [B, Hq]
+    modes = plan.modes.to(device=device, dtype=torch.int32, non_blocking=True).repeat_interleave(Hq // H, dim=1)
     streaming = modes == Mode.STREAMING
     stream_sink, stream_quantum, stream_back = streaming_params(plan)
     sink = torch.where(streaming, stream_sink, 0).to(torch.int32)

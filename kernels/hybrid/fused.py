@@ -161,7 +161,7 @@ def triton_hybrid_attention(
         counts, offsets, indices = _no_blocks(q.device)
         n_rows = 1
     sink_end, quantum, back = streaming_params(plan)
-    modes = plan.modes.to(device=q.device, dtype=torch.uint8).contiguous()
+    modes = plan.modes.to(device=q.device, dtype=torch.uint8, non_blocking=True).contiguous()
     d_pad = _pow2(max(D, 16))
     k_desc = v_desc = None
     if _use_tma(cfg, k, v, d_pad):
@@ -244,10 +244,10 @@ def split_hybrid_attention(
     """
     H = k.shape[1]
     G = q.shape[1] // H
-    full = (plan.modes == Mode.FULL).cpu()  # the one device-to-host copy of a call
+    full = (plan.modes == Mode.FULL).cpu()  # a device-to-host copy (a synchronisation) only for device modes
     if bool(full.all()):
         return dense_attention(q, k, v, scale)
-    pairs = [i.to(q.device) for i in full.nonzero(as_tuple=True)]  # before the launch: copies wait for the stream
+    pairs = [i.to(q.device, non_blocking=True) for i in full.nonzero(as_tuple=True)]  # staged: no wait
     out = triton_hybrid_attention(q, k, v, plan, scale, skip_full=True)
     if len(pairs[0]):
         b_idx, h_idx = pairs

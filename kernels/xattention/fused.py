@@ -271,7 +271,7 @@ def antidiagonal_scores_gemm(
     bounds = [t_lo, *range((t_lo // c + 1) * c, n_keys, c), n_keys]  # chunk edges on block rows
     for t0, t1 in zip(bounds, bounds[1:]):
         # query tile rows reversed, the G heads of a group stacked: [n, G · (t1 − t0), S · D]
-        a = qt[sel, :, t0 - t_lo : t1 - t_lo].flip(-2).view(n, G * (t1 - t0), S * D)
+        a = qt[sel, :, t0 - t_lo : t1 - t_lo].flip(-2).reshape(n, G * (t1 - t0), S * D)  # indexed rows: a copy
         scores = scratch[: a.shape[1] * n * t1].view(n, a.shape[1], t1)
         scores.baddbmm_(a, kt[:, :t1].transpose(1, 2), beta=0.0, alpha=1.0 / (D**0.5 * S))
         n_block_rows = (t1 - 1) // per - t0 // per + 1

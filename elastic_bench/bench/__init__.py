@@ -1,0 +1,1 @@
+"""End-to-end benchmarks of models under methods (``elastic-bench bench prefill``)."""

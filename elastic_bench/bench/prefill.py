@@ -1,0 +1,563 @@
+"""``elastic-bench bench prefill``: the end-to-end prefill time of a model under each method, beside full attention and
+the floor no sparse method can beat.
+
+One process, one model, batch 1: every measurement is one forward of random token ids (``logits_to_keep=1``,
+``use_cache=False``, `torch.inference_mode`), bf16 on CUDA and fp32 on the CPU.
+
+Design decisions:
+- Two references at every length, always run first: ``floor`` (the attention replaced by a no-op that returns zeros,
+  registered with transformers' ``AttentionInterface`` under a private name: the whole forward but the attention
+  kernel) and ``full`` (the `full` method through `elastic_bench.apply`); ``sdpa`` (the model's own SDPA attention,
+  without elastic-bench's glue) when asked for.
+- ``× full`` is t_full / t (medians). A method that skips the fraction ΩESR of the attention pairs would at best take
+  t_floor + (t_full − t_floor)·(1 − ΩESR): its attention costing its share of full attention, the rest of the
+  forward unchanged. ``ideal_speedup`` is t_full over that time, ``fraction_of_ideal`` the measured speedup over the
+  ideal (1 for full and for the floor).
+- ``fa-ssa``, ``fa-xa``, ``xa-ssa``: Elastic Attention's modes without a router (`SeededModes`): round(ΩMSR·L·H)
+  (layer, KV head) pairs, drawn with the seed, on the sparse side, the others on the full side, planned by
+  `ModeConfig.plan` (which runs the XAttention estimation of the XA heads). ``--density`` replaces the estimated
+  selection by random blocks (random weights make XAttention keep nearly every block); the estimation still runs
+  and is timed. The random blocks are drawn in the untimed warm-up forward and reused by the timed ones.
+- ``duo_attention``: the gates of ``--pattern``, or seeded uniform gates written as a temporary
+  ``full_attention_heads.tsv``; binarised at ``sparsity = --omega-msr`` either way, so every method with a static
+  head split streams the same share of heads.
+- Routing time: the method's ``plan`` is wrapped (`PlanTimer`), each call bracketed by CUDA events (perf_counter on
+  the CPU); a forward's routing time is the sum over its layers, reported as the median over the timed forwards.
+  For the XA modes the estimation inside the plan is reported as well.
+- Timing: per (method, length) one untimed warm-up forward (it compiles the Triton kernels), then ``--repeats``
+  forwards, each bracketed by CUDA events and queued without synchronisation, one synchronisation at the end
+  (perf_counter on the CPU); the median and the mean, and the peak allocated memory of the timed forwards on CUDA.
+- A method that fails (out of memory at 256K, ...) is recorded with its error and the sweep goes on. Inputs are
+  checked before the model loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import torch
+
+from elastic_bench.interface import AttentionCall, Method
+from elastic_bench.kernels import BlockSelection, HeadPlan, Mode
+from elastic_bench.method.modes import ModeConfig
+
+REFERENCES = ("floor", "full")  # run at every length, first: every ratio needs them
+MODES = ("fa-ssa", "fa-xa", "xa-ssa")
+METHODS = (*REFERENCES, "sdpa", *MODES, "duo_attention", "streaming", "xattention", "elastic")
+FLOOR_ATTENTION = "_elastic_bench_floor"  # the no-op attention's name in transformers' AttentionInterface
+STAT_KEYS = ("omega_msr", "omega_esr", "omega_esr_last_row", "num_samples", "per_sample", "prefill_backends")
+
+
+@dataclass
+class PrefillBenchConfig:
+    """What ``bench prefill`` measures.
+
+    Attributes:
+        model: model spec: random:llama-3.1-8b, random:qwen3-8b (random weights at the real shapes), tiny:llama, a
+            local folder or a hub id.
+        lengths: comma-separated prompt lengths in tokens (e.g. 32K,128K,256K).
+        methods: comma-separated methods: full, fa-ssa, fa-xa, xa-ssa (Elastic Attention's modes with a seeded head
+            split), duo_attention, streaming, xattention, elastic (needs --router), sdpa (the model's own attention);
+            floor (no attention) and full always run.
+        omega_msr: share of (layer, KV head) pairs on the sparse side of fa-ssa, fa-xa and xa-ssa, and the sparsity
+            duo_attention binarises its gates at.
+        density: replace the XAttention selection of the BLOCK_SPARSE heads of fa-xa and xa-ssa by random blocks at
+            this density of the causal blocks (block 0, the diagonal and random ones); the estimation still runs and
+            is timed (none: XAttention's selection).
+        pattern: DuoAttention gate file or folder (full_attention_heads.tsv; none: seeded random gates).
+        router: Elastic router checkpoint folder: adds the elastic method, its mode from the checkpoint (untrained:
+            seeded untrained routers).
+        backend: attention kernel backend passed to apply: auto, reference, triton, split, flex, ...
+        repeats: timed forwards per method and length, after one untimed warm-up forward.
+        seed: seed of the token ids, the head splits, the gates and the random blocks.
+        device: cuda, cpu, cuda:1, ... (none: cuda when available).
+        output: JSON file the results are written to.
+        progress: show a progress bar.
+    """
+
+    model: str = "random:llama-3.1-8b"
+    lengths: list[int] = field(default_factory=lambda: [32768, 131072, 262144])
+    methods: list[str] = field(
+        default_factory=lambda: ["full", "fa-ssa", "fa-xa", "xa-ssa", "duo_attention", "streaming", "xattention"])
+    omega_msr: float = 0.7
+    density: float | None = None
+    pattern: str | None = None
+    router: str | None = None
+    backend: str = "auto"
+    repeats: int = 3
+    seed: int = 0
+    device: str | None = None
+    output: str = "runs/bench/prefill.json"
+    progress: bool = True
+
+    def __post_init__(self):
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown:
+            raise ValueError(f"unknown method(s) {', '.join(unknown)}; valid: {', '.join(METHODS)}")
+        if not self.methods:
+            raise ValueError(f"--methods is empty; valid: {', '.join(METHODS)}")
+        if not self.lengths or min(self.lengths) < 1:
+            raise ValueError(f"lengths must be positive token counts, got {','.join(map(str, self.lengths)) or 'none'}")
+        if not 0.0 <= self.omega_msr <= 1.0:  # NaN fails too
+            raise ValueError(f"omega_msr must lie in [0, 1], got {self.omega_msr}")
+        if self.density is not None and not 0.0 < self.density <= 1.0:
+            raise ValueError(f"density must lie in (0, 1] (or be none), got {self.density}")
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if self.backend != "auto":
+            from elastic_bench.kernels import backend_names
+            from elastic_bench.registry import did_you_mean
+
+            if self.backend not in backend_names():
+                raise did_you_mean("attention backend", self.backend, ["auto", *backend_names()])
+        if self.pattern is not None and not Path(self.pattern).exists():
+            raise FileNotFoundError(f"--pattern: no file or folder at {self.pattern} (expected a "
+                                    "full_attention_heads.tsv or a folder holding one)")
+        if "elastic" in self.methods and self.router is None:
+            raise ValueError("method elastic needs --router DIR (a router checkpoint, or untrained)")
+        if self.router is not None:
+            from elastic_bench.interface import get_method
+
+            get_method("elastic", router=self.router)  # checks the folder without reading it
+            if "elastic" not in self.methods:
+                self.methods = [*self.methods, "elastic"]
+
+
+# ---- timing ----------------------------------------------------------------------------------------------------
+
+
+class Stopwatch:
+    """Named spans of work in each timed forward: CUDA events on a CUDA device (read after one synchronisation at the
+    end), perf_counter elsewhere. Spans outside a timed forward (``forward`` None: the warm-up) are not kept."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.cuda = device, device.type == "cuda"
+        self.forward: int | None = None  # index of the timed forward under way
+        self._spans: list[tuple[str, int, Any, Any]] = []
+
+    def reset(self) -> None:
+        self.forward = None
+        self._spans.clear()
+
+    @contextmanager
+    def span(self, name: str) -> Iterator[None]:
+        """Time the block as one span of ``name`` in the current timed forward."""
+        index = self.forward
+        if index is None:
+            yield
+            return
+        if self.cuda:
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            stop.record()
+            self._spans.append((name, index, start, stop))
+        else:
+            t = time.perf_counter()
+            yield
+            self._spans.append((name, index, t, time.perf_counter()))
+
+    def totals(self, forwards: int) -> dict[str, list[float]]:
+        """``{name: [seconds in forward 0, 1, ...]}``: the sum of each name's spans per timed forward."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        found: dict[str, list[float]] = {}
+        for name, index, start, stop in self._spans:
+            seconds = start.elapsed_time(stop) / 1e3 if self.cuda else stop - start
+            found.setdefault(name, [0.0] * forwards)[index] += seconds
+        return found
+
+
+class PlanTimer:
+    """Wraps ``method.plan`` (an instance attribute that shadows the class's method, removed by `remove`): every call
+    is a ``plan`` span of the stopwatch, and in the warm-up forward the key blocks the BLOCK_SPARSE heads keep are
+    counted (`density`)."""
+
+    def __init__(self, method: Method, stopwatch: Stopwatch):
+        self.method, self.stopwatch = method, stopwatch
+        self.inner: Callable[[AttentionCall], HeadPlan] = method.plan
+        self.selected = self.causal = 0
+        method.plan = self
+
+    def __call__(self, call: AttentionCall) -> HeadPlan:
+        with self.stopwatch.span("plan"):
+            plan = self.inner(call)
+        if self.stopwatch.forward is None and plan.blocks is not None and call.phase == "prefill":
+            self._count(plan, call.query.shape[1])
+        return plan
+
+    def _count(self, plan: HeadPlan, query_heads: int) -> None:
+        heads = (plan.modes == Mode.BLOCK_SPARSE).repeat_interleave(query_heads // plan.num_kv_heads, dim=1)  # [B, Hq]
+        n = plan.blocks.shape[2]
+        self.selected += int(plan.blocks.counts[heads].sum())
+        self.causal += int(heads.sum()) * n * (n + 1) // 2
+
+    @property
+    def density(self) -> float | None:
+        """Selected key blocks over causal blocks of the BLOCK_SPARSE query heads (None without any)."""
+        return self.selected / self.causal if self.causal else None
+
+    def remove(self) -> None:
+        vars(self.method).pop("plan", None)
+
+
+def time_forwards(forward: Callable[[], Any], stopwatch: Stopwatch, repeats: int,
+                  after_warmup: Callable[[], None] | None = None) -> tuple[dict[str, Any], dict[str, list[float]]]:
+    """One untimed warm-up call of ``forward``, ``after_warmup()``, then ``repeats`` timed calls.
+
+    Returns:
+        ``({"median_s", "mean_s", "times_s", "peak_gib" (CUDA)}, {span name: [seconds per timed forward]})``.
+    """
+    out = forward()
+    del out
+    if stopwatch.cuda:
+        torch.cuda.synchronize(stopwatch.device)
+    if after_warmup is not None:
+        after_warmup()
+    stopwatch.reset()
+    if stopwatch.cuda:
+        torch.cuda.reset_peak_memory_stats(stopwatch.device)
+    for index in range(repeats):
+        stopwatch.forward = index
+        with stopwatch.span("forward"):
+            out = forward()
+        del out
+    totals = stopwatch.totals(repeats)
+    stopwatch.forward = None
+    times = totals["forward"]
+    timing: dict[str, Any] = {"median_s": statistics.median(times), "mean_s": statistics.mean(times), "times_s": times}
+    if stopwatch.cuda:
+        timing["peak_gib"] = torch.cuda.max_memory_allocated(stopwatch.device) / 2**30
+    return timing, totals
+
+
+# ---- methods ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SeededModes(Method):
+    """Elastic Attention's modes with a fixed head split instead of a router: round(ΩMSR·L·H) of the (layer, KV head)
+    pairs, drawn with ``seed``, on the sparse side, the others on the full side, planned by `ModeConfig.plan`. Not
+    registered.
+
+    Args:
+        mode: ``fa-ssa``, ``fa-xa`` or ``xa-ssa`` (`elastic_bench.method.modes`).
+        omega_msr: share of (layer, KV head) pairs on the sparse side.
+        density: replace the XAttention selection of the BLOCK_SPARSE heads by random blocks at this density of the
+            causal blocks (block 0, the diagonal and random ones; drawn once per layer and length, at the first call);
+            None keeps XAttention's. The estimation runs either way.
+        seed: seed of the split and of the random blocks.
+    """
+
+    name: ClassVar[str] = "seeded-modes"
+
+    mode: Literal["fa-ssa", "fa-xa", "xa-ssa"] = "fa-ssa"
+    omega_msr: float = 0.7
+    density: float | None = None
+    seed: int = 0
+
+    def __post_init__(self):
+        self.config = ModeConfig(mode=self.mode)  # checks the mode
+        if not 0.0 <= self.omega_msr <= 1.0:
+            raise ValueError(f"{self.name}.omega_msr must lie in [0, 1], got {self.omega_msr}")
+        if self.density is not None and not 0.0 < self.density <= 1.0:
+            raise ValueError(f"{self.name}.density must lie in (0, 1], got {self.density}")
+        self.stopwatch: Stopwatch | None = None  # set by the benchmark: the estimation becomes a span of its own
+        self.full_side: torch.Tensor | None = None  # [L, H] bool, set by setup
+        self._full_side: dict[int, torch.Tensor] = {}  # layer_idx -> [H] bool on the model's device
+        self._estimates: dict[int, bool] = {}  # layer_idx -> whether the layer has a BLOCK_SPARSE head
+        self._blocks: dict[tuple[int, int, int], BlockSelection] = {}  # (layer_idx, B, Lk) -> random blocks
+
+    def setup(self, model: torch.nn.Module) -> None:
+        from elastic_bench.attention import attention_modules
+
+        modules = attention_modules(model)
+        layers, heads = len(modules), int(modules[0].config.num_key_value_heads)
+        order = torch.randperm(layers * heads, generator=torch.Generator().manual_seed(self.seed))
+        full_side = torch.ones(layers * heads, dtype=torch.bool)
+        full_side[order[: round(self.omega_msr * layers * heads)]] = False
+        self.full_side = full_side.view(layers, heads)
+        device = next(model.parameters()).device
+        full_mode, sparse_mode = self.config.sides
+        for row, module in enumerate(modules):
+            self._full_side[module.layer_idx] = self.full_side[row].to(device)
+            modes = torch.where(self.full_side[row], int(full_mode), int(sparse_mode))
+            self._estimates[module.layer_idx] = bool((modes == Mode.BLOCK_SPARSE).any())
+        self._blocks.clear()
+
+    def teardown(self, model: torch.nn.Module) -> None:
+        self._blocks.clear()
+
+    def prefill_plan(self, call: AttentionCall) -> HeadPlan:
+        full_side = self._full_side[call.layer_idx].expand(call.batch_size, -1)
+        timed = self._estimates[call.layer_idx] and self.stopwatch is not None
+        with self.stopwatch.span("estimation") if timed else nullcontext():
+            plan = self.config.plan(full_side, call.query, call.key)
+        if self.density is not None and plan.blocks is not None:
+            plan = dataclasses.replace(plan, blocks=self._random_blocks(call))
+        return plan
+
+    def _random_blocks(self, call: AttentionCall) -> BlockSelection:
+        """Random blocks ``[B, Hq, nB]`` (CSR) for the call's layer and shape, drawn once (one draw per KV head)."""
+        from elastic_bench.kernels.bench import KernelBenchConfig, random_blocks
+
+        B, Hq = call.query.shape[:2]
+        H, length = call.key.shape[1], call.key.shape[2]
+        key = (call.layer_idx, B, length)
+        if key not in self._blocks:
+            if self.config.block_size != 128:
+                raise ValueError(f"random blocks are 128 tokens; the mode's block size is {self.config.block_size}")
+            if any(k[2] != length for k in self._blocks):  # keep the blocks of one length only
+                self._blocks.clear()
+            shape = KernelBenchConfig(lengths=[length], batch=B, query_heads=Hq, kv_heads=H, density=self.density)
+            device = call.query.device
+            gen = torch.Generator(device=device).manual_seed(self.seed * 1_000_003 + call.layer_idx)
+            self._blocks[key] = BlockSelection.from_dense(random_blocks(shape, length, device, gen))
+        return self._blocks[key]
+
+
+def seeded_gates(layers: int, heads: int, seed: int, folder: str | Path) -> Path:
+    """Write uniform random gates ``[layers, heads]`` (seeded) as ``folder/full_attention_heads.tsv`` (DuoAttention's
+    layout: rows = layers, columns = KV heads); returns the file."""
+    import numpy as np
+
+    path = Path(folder) / "full_attention_heads.tsv"
+    np.savetxt(path, np.random.default_rng(seed).uniform(size=(layers, heads)), delimiter="\t", fmt="%.6f")
+    return path
+
+
+def build_method(name: str, model: torch.nn.Module, cfg: PrefillBenchConfig, scratch: str | Path) -> Method:
+    """The method ``name`` of the benchmark (one of `METHODS` except the floor and sdpa) for ``model``."""
+    from elastic_bench.attention import attention_modules
+    from elastic_bench.interface import get_method
+
+    if name in MODES:
+        return SeededModes(mode=name, omega_msr=cfg.omega_msr, density=cfg.density, seed=cfg.seed)
+    if name == "duo_attention":
+        pattern = cfg.pattern
+        if pattern is None:
+            layers, heads = len(attention_modules(model)), int(model.config.num_key_value_heads)
+            pattern = str(seeded_gates(layers, heads, cfg.seed, scratch))
+        return get_method("duo_attention", pattern=pattern, sparsity=cfg.omega_msr)
+    if name == "elastic":
+        return get_method("elastic", router=cfg.router)
+    return get_method(name)
+
+
+def _no_attention(module, query: torch.Tensor, key, value, attention_mask, **kwargs) -> tuple[torch.Tensor, None]:
+    """The floor's attention function: ``query [B, Hq, Lq, D]`` → zeros ``[B, Lq, Hq, D]`` (no attention at all)."""
+    B, Hq, Lq, D = query.shape
+    return query.new_zeros(B, Lq, Hq, D), None
+
+
+@contextmanager
+def attn_implementation(model: torch.nn.Module, name: str) -> Iterator[None]:
+    """Run ``model`` with the registered attention implementation ``name`` inside the block; restored on exit."""
+    previous = model.config._attn_implementation
+
+    def switch(to: str) -> None:
+        if hasattr(model, "set_attn_implementation"):
+            model.set_attn_implementation(to)
+        else:  # transformers < 4.54
+            model.config._attn_implementation = to
+
+    switch(name)
+    try:
+        yield
+    finally:
+        switch(previous)
+
+
+# ---- the benchmark ---------------------------------------------------------------------------------------------
+
+
+def run_prefill_bench(cfg: PrefillBenchConfig) -> dict[str, Any]:
+    """Run the benchmark; returns ``{"device", "config", "results": [record, ...]}``.
+
+    A record has ``length, method`` and either ``error`` (the method failed at that length) or ``median_s, mean_s,
+    times_s`` (seconds per forward), ``omega_msr, omega_esr``, ``speedup_vs_full``, ``speedup_vs_sdpa``,
+    ``ideal_speedup``, ``fraction_of_ideal``, ``peak_gib`` (CUDA), and for the methods run through `apply`
+    ``prefill_backends`` (backend → calls over the timed forwards), ``routing_seconds`` and ``routing_fraction`` (the
+    time in the method's ``plan`` per forward, and its share of the forward), ``options``, ``method_stats`` (the
+    method's own statistics), and where they apply ``estimation_seconds`` (the XAttention estimation of fa-xa and
+    xa-ssa) and ``block_density`` (selected over causal key blocks of the BLOCK_SPARSE heads).
+    """
+    import tempfile
+
+    from tqdm import tqdm
+
+    from elastic_bench.kernels import available_backends
+    from elastic_bench.models import check_device, load_model
+
+    device = check_device(cfg.device)
+    if cfg.backend != "auto" and cfg.backend not in available_backends(device):
+        raise ValueError(f"backend {cfg.backend} is not available on {device}; available: "
+                         f"auto, {', '.join(available_backends(device))}")
+    names = [*REFERENCES, *(m for m in dict.fromkeys(cfg.methods) if m not in REFERENCES)]
+    model, _ = load_model(cfg.model, device=device)
+    bar = tqdm(total=len(cfg.lengths) * len(names), desc="bench prefill", disable=not cfg.progress, file=sys.stderr)
+    records: list[dict[str, Any]] = []
+    with torch.inference_mode(), tempfile.TemporaryDirectory(prefix="elastic-bench-prefill-") as scratch:
+        for length in cfg.lengths:
+            gen = torch.Generator().manual_seed(cfg.seed)
+            ids = torch.randint(int(model.config.vocab_size), (1, length), generator=gen).to(device)
+            found = []
+            for name in names:
+                bar.set_postfix_str(f"{length} {name}")
+                found.append(_bench_method(name, model, ids, cfg, device, scratch))
+                bar.update()
+            add_ratios(found)
+            records += found
+            del ids
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    bar.close()
+    return {"device": str(device), "config": asdict(cfg), "results": records}
+
+
+def _bench_method(name: str, model, ids: torch.Tensor, cfg: PrefillBenchConfig, device: torch.device,
+                  scratch: str) -> dict[str, Any]:
+    """The record of one method at one length; a failure is recorded as its error."""
+    import gc
+
+    record: dict[str, Any] = {"length": int(ids.shape[1]), "method": name}
+    try:
+        record.update(_measure(name, model, ids, cfg, device, scratch))
+    except Exception as err:  # one failing method (e.g. out of memory) must not end the sweep; the table shows it
+        record["error"] = f"{type(err).__name__}: {err}"[:300]
+    if "error" in record and device.type == "cuda":  # after the except block: its traceback no longer holds tensors
+        gc.collect()
+        torch.cuda.empty_cache()
+    return record
+
+
+def _measure(name: str, model, ids: torch.Tensor, cfg: PrefillBenchConfig, device: torch.device,
+             scratch: str) -> dict[str, Any]:
+    from elastic_bench.attention import apply
+
+    stopwatch = Stopwatch(device)
+
+    def forward():
+        return model(input_ids=ids, logits_to_keep=1, use_cache=False)
+
+    if name == "sdpa":
+        with attn_implementation(model, "sdpa"):
+            timing, _ = time_forwards(forward, stopwatch, cfg.repeats)
+        return {**timing, "omega_msr": 0.0, "omega_esr": 0.0}
+    if name == "floor":
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(FLOOR_ATTENTION, _no_attention)
+        with attn_implementation(model, FLOOR_ATTENTION):
+            timing, _ = time_forwards(forward, stopwatch, cfg.repeats)
+        return {**timing, "omega_msr": 1.0, "omega_esr": 1.0}  # every pair skipped
+
+    method = build_method(name, model, cfg, scratch)
+    if isinstance(method, SeededModes):
+        method.stopwatch = stopwatch
+    timer = PlanTimer(method, stopwatch)
+    try:
+        with apply(method, model, backend=cfg.backend) as handle:
+            timing, spans = time_forwards(forward, stopwatch, cfg.repeats, after_warmup=handle.reset)
+            stats = handle.stats()
+    finally:
+        timer.remove()
+    routing = statistics.median(spans.get("plan", [0.0] * cfg.repeats))
+    record: dict[str, Any] = {
+        **timing,
+        "omega_msr": stats["omega_msr"],
+        "omega_esr": stats["omega_esr"],
+        "omega_esr_last_row": stats["omega_esr_last_row"],
+        "prefill_backends": stats["prefill_backends"],
+        "routing_seconds": routing,
+        "routing_fraction": routing / timing["median_s"],
+        "options": method.options(),
+        "method_stats": {k: v for k, v in stats.items() if k not in STAT_KEYS},
+    }
+    if "estimation" in spans:
+        record["estimation_seconds"] = statistics.median(spans["estimation"])
+    if timer.density is not None:
+        record["block_density"] = timer.density
+    if name == "elastic":
+        record["mode"] = method.routers.config.attention.mode
+    if name == "duo_attention" and cfg.pattern is None:  # not the temporary file's path, gone after the run
+        record["options"]["pattern"] = f"seeded uniform gates (seed {cfg.seed})"
+    return record
+
+
+def ideal_speedup(t_full: float, t_floor: float, omega_esr: float) -> float:
+    """t_full / (t_floor + (t_full − t_floor)·(1 − ΩESR)): the speedup of a method whose attention costs exactly the
+    share 1 − ΩESR of full attention's, the rest of the forward unchanged."""
+    return t_full / (t_floor + (t_full - t_floor) * (1.0 - omega_esr))
+
+
+def add_ratios(records: list[dict[str, Any]]) -> None:
+    """Add ``speedup_vs_full``, ``speedup_vs_sdpa``, ``ideal_speedup`` and ``fraction_of_ideal`` to the records of one
+    length (medians; a ratio whose reference failed is left out)."""
+    timed = {r["method"]: r["median_s"] for r in records if "median_s" in r}
+    t_full, t_floor, t_sdpa = timed.get("full"), timed.get("floor"), timed.get("sdpa")
+    for r in records:
+        if "median_s" not in r:
+            continue
+        if t_sdpa is not None:
+            r["speedup_vs_sdpa"] = t_sdpa / r["median_s"]
+        if t_full is None:
+            continue
+        r["speedup_vs_full"] = t_full / r["median_s"]
+        if t_floor is not None and math.isfinite(r.get("omega_esr", math.nan)):
+            r["ideal_speedup"] = ideal_speedup(t_full, t_floor, r["omega_esr"])
+            r["fraction_of_ideal"] = r["speedup_vs_full"] / r["ideal_speedup"]
+
+
+def _backend_label(r: dict[str, Any]) -> str:
+    if r["method"] == "sdpa":
+        return "transformers"
+    if r["method"] == "floor":
+        return "none"
+    return "+".join(sorted(r.get("prefill_backends") or {})) or "-"
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """Plain-text table of a `run_prefill_bench` report (with its ``provenance``, when the command line added it)."""
+    head = (f"{'length':>7} {'method':14} {'median s':>9} {'mean s':>9} {'×full':>6} {'ideal%':>6} {'ΩMSR':>5} "
+            f"{'ΩESR':>5} {'route s':>8} {'route%':>6} {'backend':14} {'GiB':>6}  note")
+    lines = [head, "-" * len(head)]
+    for r in report["results"]:
+        if "error" in r:
+            lines.append(f"{r['length']:>7} {r['method']:14} {'failed':>9}  {r['error']}")
+            continue
+
+        def fmt(key, spec, scale=1.0, r=r):
+            return format(r[key] * scale, spec) if r.get(key) is not None else ""
+
+        notes = []
+        if "block_density" in r:
+            notes.append(f"block density {r['block_density']:.3f}")
+        if "estimation_seconds" in r:
+            notes.append(f"estimation {r['estimation_seconds']:.4f} s")
+        if "mode" in r:
+            notes.append(f"mode {r['mode']}")
+        lines.append(
+            f"{r['length']:>7} {r['method']:14} {r['median_s']:>9.4f} {r['mean_s']:>9.4f} "
+            f"{fmt('speedup_vs_full', '.2f'):>6} {fmt('fraction_of_ideal', '.0f', 100):>6} "
+            f"{fmt('omega_msr', '.3f'):>5} {fmt('omega_esr', '.3f'):>5} {fmt('routing_seconds', '.4f'):>8} "
+            f"{fmt('routing_fraction', '.1f', 100):>6} {_backend_label(r):14} {fmt('peak_gib', '.1f'):>6}  "
+            + ", ".join(notes)
+        )
+    prov = report.get("provenance")
+    if prov:
+        versions = ", ".join(f"{k} {v}" for k, v in prov["versions"].items() if v)
+        code = f"code {prov.get('git_hash') or 'outside git'}, source digest {prov.get('source_digest')}"
+        lines.append(f"{prov['date']} · {prov['device']} · {report['config']['model']} · {versions} · {code}")
+    return "\n".join(lines)
