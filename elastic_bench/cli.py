@@ -344,36 +344,33 @@ def _report(args) -> int:
     return 0
 
 
-def _bench_kernel(args) -> int:
+def _bench(args, config_class: type, run_bench: Callable, format_table: Callable) -> int:
+    """Run a benchmark configured by ``config_class``'s options; print its table and write its JSON (provenance and
+    command added)."""
     from elastic_bench.files import write_json
-    from elastic_bench.kernels.bench import KernelBenchConfig, format_table, run_kernel_bench
     from elastic_bench.provenance import provenance
 
-    config = from_args(KernelBenchConfig, args)
+    config = from_args(config_class, args)
     _check_device(config.device)
     _file_output(config.output)
-    report = run_kernel_bench(config)
+    report = run_bench(config)
     report = {"provenance": provenance(report["device"]), "command": _command(args), **report}
     print(format_table(report))
     write_json(config.output, report)
     print(f"results: {config.output}")
     return 0
+
+
+def _bench_kernel(args) -> int:
+    from elastic_bench.kernels.bench import KernelBenchConfig, format_table, run_kernel_bench
+
+    return _bench(args, KernelBenchConfig, run_kernel_bench, format_table)
 
 
 def _bench_prefill(args) -> int:
     from elastic_bench.bench.prefill import PrefillBenchConfig, format_table, run_prefill_bench
-    from elastic_bench.files import write_json
-    from elastic_bench.provenance import provenance
 
-    config = from_args(PrefillBenchConfig, args)
-    _check_device(config.device)
-    _file_output(config.output)
-    report = run_prefill_bench(config)
-    report = {"provenance": provenance(report["device"]), "command": _command(args), **report}
-    print(format_table(report))
-    write_json(config.output, report)
-    print(f"results: {config.output}")
-    return 0
+    return _bench(args, PrefillBenchConfig, run_prefill_bench, format_table)
 
 
 def _train_router(args) -> int:

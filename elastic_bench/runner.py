@@ -190,12 +190,14 @@ def _stop_ids(model, tokenizer) -> set[int]:
 
 def _fingerprint(config: RunConfig, method: Method, source: str) -> dict[str, Any]:
     """What a cell's results depend on beyond its task (JSON-normalised, as stored in ``config.json`` and
-    ``metrics.json``): the model, the method and its options, the content digest of every file the method loads (a
-    router or gate file is known by what it holds, not by its path), seed, limit and dtype."""
+    ``metrics.json``): the model, the method and its options, the SHA-256 of every file the method loads in place of
+    the option that names it (a router or gate file is known by what it holds, not by its path), seed, limit and
+    dtype."""
     from elastic_bench.files import digest
 
     artifacts = {name: digest(path) for name, path in method.artifacts(source).items()}
-    return json.loads(json.dumps({"model": config.model, "method": method.name, "method_options": method.options(),
+    options = {k: v for k, v in method.options().items() if k not in artifacts}  # those are known by their digest
+    return json.loads(json.dumps({"model": config.model, "method": method.name, "method_options": options,
                                   "artifacts": artifacts, "seed": config.seed, "limit": config.limit,
                                   "dtype": config.dtype}, default=str))
 

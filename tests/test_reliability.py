@@ -229,3 +229,25 @@ def test_a_router_is_known_by_its_contents_not_its_path(tmp_path, monkeypatch, c
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "holds results of another configuration (artifacts differ)" in err
+
+
+def test_a_router_moved_elsewhere_with_the_same_contents_is_the_same_configuration(tmp_path, monkeypatch):
+    import shutil
+
+    import torch
+
+    from elastic_bench.method import RouterConfig, save_routers
+
+    bank = RouterConfig(2, 2, 16, base_model="tiny:qwen3").build()
+    generator = torch.Generator().manual_seed(0)
+    for router in bank.layers:
+        router.reset_parameters(generator)
+    save_routers(bank, tmp_path / "a" / "router")
+    out = tmp_path / "run"
+    argv = ["run", "--methods", "elastic", "--limit", "1", *ARGS, "--output", str(out)]
+    assert cli.main([*argv, "-O", f"elastic.router={tmp_path / 'a' / 'router'}"]) == 0
+    shutil.copytree(tmp_path / "a" / "router", tmp_path / "b" / "router")
+    metrics = _cell(out, "elastic-router=router").metrics_path
+    written = metrics.read_bytes()  # its date and digests would change if the cell were computed again
+    assert cli.main([*argv, "-O", f"elastic.router={tmp_path / 'b' / 'router'}"]) == 0
+    assert metrics.read_bytes() == written
