@@ -5,7 +5,7 @@ answer token and at the last position ``</s>``: exactly the condition for greedy
 stop. The prompts are those of the registered tasks (`elastic_bench.testbed.tasks`, same seed and index), so these
 figures are what ``elastic-bench run --tasks testbed`` measures with its own generation loop, up to numerics (its
 containment scoring accepts every exact match, and can accept more). Streaming is evaluated as the harness runs
-``methods.get("streaming", ...)``: the sink + local-window mask of `elastic_bench.kernels.masks.streaming` (token
+``get_method("streaming", ...)``: the sink + local-window mask of `elastic_bench.kernels.hybrid.masks.streaming` (token
 granularity) over the prompt, dense attention from the answer's positions (the decode steps).
 """
 
