@@ -9,7 +9,7 @@ Design decisions:
 - ``flash_attn`` (FlashAttention-2) has no sink tokens and no block-sparse mode: FULL heads use ``causal=True``,
   token-granular STREAMING heads a ``window_size=(local - 1, 0)`` call whose log-sum-exp is merged with a small
   PyTorch pass over the sink keys the window does not cover. Block-granular streaming and BLOCK_SPARSE raise.
-- Both take the (sample, KV head) pairs of one mode as one batch, like `triton_hybrid.split_hybrid_attention`.
+- Both take the (sample, KV head) pairs of one mode as one batch, like `fused.split_hybrid_attention`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Fused hybrid-head prefill attention on the GPU: ``backend="triton"`` and ``backend="split"``.
 
 Design decisions:
-- ``triton``: one launch of `triton_hybrid_kernel.hybrid_fwd` computes every head of the layer. FULL and STREAMING
+- ``triton``: one launch of `fused_kernel.hybrid_fwd` computes every head of the layer. FULL and STREAMING
   tiles pack the query heads of a GQA group so one K/V tile load serves them all; BLOCK_SPARSE tiles read the plan's CSR
   rows (`BlockSelection`) directly; streaming key ranges are computed, never stored.
 - Heaviest first: programs take query tiles from the last to the first. A causal tile's work grows with its position

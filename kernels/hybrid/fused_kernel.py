@@ -1,6 +1,6 @@
 """The Triton program behind ``backend="triton"``: one launch computes every head of a layer, whatever its mode.
 
-Imported lazily by `triton_hybrid` (importing it imports Triton). One program computes one work item, a tile of
+Imported lazily by `fused` (importing it imports Triton). One program computes one work item, a tile of
 ``BLOCK_M`` query rows against one KV head, heaviest (last) tiles first:
 - FULL and STREAMING heads decide per KV head, so a tile packs ``PACK`` query heads of one GQA group
   (``BLOCK_M // PACK`` positions each) and every K/V tile it loads serves all of them;

@@ -14,7 +14,7 @@ Design decisions:
   target ``τ · Σ_c score[r, c]``; blocks ``0 < c < r`` are added by descending score (ties: lower index first) while
   the mass accumulated *before* adding one is below the target, so the crossing block is included.
 - Three implementations with one contract: plain PyTorch (``backend="reference"``, the ground truth), fused Triton
-  (``backend="triton"``, `triton_xattention`), which never materialises the tile-score matrix, and cuBLAS GEMMs over
+  (``backend="triton"``, `fused`), which never materialises the tile-score matrix, and cuBLAS GEMMs over
   causal chunks of that matrix with a Triton epilogue (``backend="gemm"``; it rounds the tile scores to the input
   dtype before the softmax, so near-tie blocks can flip). ``auto`` takes the faster on the H200 (`docs/benchmarks.md`):
   ``triton`` below `GEMM_MIN_KEYS` keys, ``gemm`` from there. Both GPU backends share the Triton selection.

@@ -1,7 +1,8 @@
 """Triton XAttention estimation: antidiagonal scoring + softmax + block sums (fused, or cuBLAS GEMM + a Triton
 epilogue), and threshold selection.
 
-Imported lazily by `xattention` (importing it imports Triton); the contract and the PyTorch reference are there.
+Imported lazily by `elastic_bench.kernels.xattention` (importing it imports Triton), where the contract is; the PyTorch
+reference is `naive`.
 
 - Fused scoring (``triton``): one program owns ``TQ`` query tiles of ``PACK`` query heads of one GQA group
   (``PACK · TQ`` rows), so each key tile it loads serves the whole group. Phase 1 walks the causal key tiles in chunks:

@@ -591,7 +591,7 @@ def finish(model, vocab: Vocab, config: TrainConfig, output: Path, steps_done: i
     }
     if config.eval_samples:
         record["evaluation"] = evaluation = {"samples_per_cell": config.eval_samples, "protocol": "teacher-forced "
-                                             "greedy exact match (elastic_bench.testbed.evaluate)"}
+                                             "greedy exact match (elastic_bench.testbed.training.evaluate)"}
         for label, geometry in (("full", None), ("streaming", config.geometry)):
             results = exact_match(model, vocab, config.eval_lengths, config.eval_samples, streaming=geometry)
             evaluation[label] = {"tasks": results, "families": family_means(results)}
