@@ -207,7 +207,6 @@ def apply(method: Method, model: nn.Module, backend: str = "auto") -> Iterator[M
     register_attention()
     modules = attention_modules(model)
     handle = MethodHandle(method, model, backend)
-    previous = model.config._attn_implementation
     method.setup(model)
     hooks = [model.register_forward_pre_hook(lambda *_: handle.meter.new_forward())]
     try:
@@ -217,8 +216,8 @@ def apply(method: Method, model: nn.Module, backend: str = "auto") -> Iterator[M
                 source = module.k_norm if hasattr(module, "k_norm") else module.k_proj
                 capture = _capture_keys(module, module.config.num_key_value_heads, module.head_dim)
                 hooks.append(source.register_forward_hook(capture))
-        _set_attn_implementation(model, ATTN_NAME)
-        yield handle
+        with attention_implementation(model, ATTN_NAME):
+            yield handle
     finally:
         for hook in hooks:
             hook.remove()
@@ -226,12 +225,23 @@ def apply(method: Method, model: nn.Module, backend: str = "auto") -> Iterator[M
             for attr in (_HANDLE, _KEYS):
                 if hasattr(module, attr):
                     delattr(module, attr)
-        _set_attn_implementation(model, previous)
         method.teardown(model)
 
 
-def _set_attn_implementation(model: nn.Module, name: str) -> None:
-    if hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation(name)
-    else:  # transformers < 4.54
-        model.config._attn_implementation = name
+@contextmanager
+def attention_implementation(model: nn.Module, name: str) -> Iterator[None]:
+    """Run ``model`` with the attention implementation ``name`` (``"sdpa"``, ``"eager"``, one registered with
+    ``AttentionInterface``) inside the block; the previous one is restored on exit."""
+    previous = model.config._attn_implementation
+
+    def switch(to: str) -> None:
+        if hasattr(model, "set_attn_implementation"):
+            model.set_attn_implementation(to)
+        else:  # transformers < 4.54
+            model.config._attn_implementation = to
+
+    switch(name)
+    try:
+        yield
+    finally:
+        switch(previous)

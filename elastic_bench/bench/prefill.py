@@ -46,6 +46,7 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
+from elastic_bench.attention import attention_implementation
 from elastic_bench.interface import AttentionCall, Method
 from elastic_bench.kernels import BlockSelection, HeadPlan, Mode
 from elastic_bench.method.modes import ModeConfig
@@ -361,24 +362,6 @@ def _no_attention(module, query: torch.Tensor, key, value, attention_mask, **kwa
     return query.new_zeros(B, Lq, Hq, D), None
 
 
-@contextmanager
-def attn_implementation(model: torch.nn.Module, name: str) -> Iterator[None]:
-    """Run ``model`` with the registered attention implementation ``name`` inside the block; restored on exit."""
-    previous = model.config._attn_implementation
-
-    def switch(to: str) -> None:
-        if hasattr(model, "set_attn_implementation"):
-            model.set_attn_implementation(to)
-        else:  # transformers < 4.54
-            model.config._attn_implementation = to
-
-    switch(name)
-    try:
-        yield
-    finally:
-        switch(previous)
-
-
 # ---- the benchmark ---------------------------------------------------------------------------------------------
 
 
@@ -452,14 +435,14 @@ def _measure(name: str, model, ids: torch.Tensor, cfg: PrefillBenchConfig, devic
         return model(input_ids=ids, logits_to_keep=1, use_cache=False)
 
     if name == "sdpa":
-        with attn_implementation(model, "sdpa"):
+        with attention_implementation(model, "sdpa"):
             timing, _ = time_forwards(forward, stopwatch, cfg.repeats)
         return {**timing, "omega_msr": 0.0, "omega_esr": 0.0}
     if name == "floor":
         from transformers import AttentionInterface
 
         AttentionInterface.register(FLOOR_ATTENTION, _no_attention)
-        with attn_implementation(model, FLOOR_ATTENTION):
+        with attention_implementation(model, FLOOR_ATTENTION):
             timing, _ = time_forwards(forward, stopwatch, cfg.repeats)
         return {**timing, "omega_msr": 1.0, "omega_esr": 1.0}  # every pair skipped
 

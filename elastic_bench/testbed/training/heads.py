@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from elastic_bench.attention import apply, attention_implementation
 from elastic_bench.interface import AttentionCall, Method
 from elastic_bench.kernels import HeadPlan, Mode, StreamingGeometry
 
@@ -51,8 +52,6 @@ def ablation_gates(model, vocab: Vocab, length: int = 2048, samples: int = 20,
     Raises:
         ValueError: the model solves none of ``tasks`` with full attention.
     """
-    from elastic_bench.attention import apply
-
     def scores() -> dict[str, float]:
         found = exact_match(model, vocab, [length], samples, tasks=list(tasks))
         return {task: per_length[str(length)] for task, per_length in found.items()}
@@ -88,27 +87,27 @@ def key_matching(model, vocab: Vocab, length: int = 1024, samples: int = 16, see
     """
     config, generator, device = model.config, Generator(vocab), next(model.parameters()).device
     key_ids, dot = set(int(k) for k in vocab.key_ids), generator.dot
-    previous, training = config._attn_implementation, model.training
+    training = model.training
     out = np.zeros((config.num_hidden_layers, config.num_attention_heads))
-    model.set_attn_implementation("eager")
     model.eval()
     try:
-        for index in range(samples):
-            example = generator.example(SPECS["niah_multikey"], sample_rng(seed, "niah_multikey", index), length)
-            prompt = example.prompt_ids(vocab)
-            text_end = 1 + len(example.instruction) + len(example.context)
-            asked = text_end + int(np.flatnonzero(np.isin(example.question, vocab.key_ids))[0])  # the question's key
-            with torch.autocast(device.type, enabled=False):
-                attentions = model(torch.from_numpy(prompt)[None].to(device), output_attentions=True).attentions
-            needles = [j for j in range(text_end) if int(prompt[j]) in key_ids]
-            for layer, weights in enumerate(attentions):
-                row = weights[0, :, asked].float().cpu().numpy()  # [heads, L]
-                for j in needles:
-                    stop = j + int(np.flatnonzero(prompt[j:] == dot)[0]) + 1
-                    mass = row[:, j:stop].sum(-1)
-                    out[layer] += mass if prompt[j] == prompt[asked] else -mass / (len(needles) - 1)
+        with attention_implementation(model, "eager"):
+            for index in range(samples):
+                example = generator.example(SPECS["niah_multikey"], sample_rng(seed, "niah_multikey", index), length)
+                prompt = example.prompt_ids(vocab)
+                text_end = 1 + len(example.instruction) + len(example.context)
+                # the question's key
+                asked = text_end + int(np.flatnonzero(np.isin(example.question, vocab.key_ids))[0])
+                with torch.autocast(device.type, enabled=False):
+                    attentions = model(torch.from_numpy(prompt)[None].to(device), output_attentions=True).attentions
+                needles = [j for j in range(text_end) if int(prompt[j]) in key_ids]
+                for layer, weights in enumerate(attentions):
+                    row = weights[0, :, asked].float().cpu().numpy()  # [heads, L]
+                    for j in needles:
+                        stop = j + int(np.flatnonzero(prompt[j:] == dot)[0]) + 1
+                        mass = row[:, j:stop].sum(-1)
+                        out[layer] += mass if prompt[j] == prompt[asked] else -mass / (len(needles) - 1)
     finally:
-        model.set_attn_implementation(previous)
         model.train(training)
     return out / samples
 
