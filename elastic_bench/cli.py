@@ -11,6 +11,7 @@ stderr and exit status 2, never a traceback; any other exception is a bug, repor
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import shlex
 import sys
@@ -393,6 +394,41 @@ def _train_router(args) -> int:
     return 0
 
 
+def _train_gates(args) -> int:
+    import os
+
+    import numpy as np
+
+    from elastic_bench.models import max_positions
+
+    module = "duo" if args.command == "train-duo" else "prulong"
+    trainer = importlib.import_module(f"elastic_bench.baselines.training.{module}")
+    if module == "duo":
+        config_class, train = trainer.DuoTrainConfig, trainer.train_duo
+    else:
+        config_class, train = trainer.PruLongTrainConfig, trainer.train_prulong
+    run = from_args(TrainRun, args)
+    config = from_args(config_class, args)
+    _check_device(config.device)
+    _folder_output(config.output)
+    positions = max_positions(config.model)
+    if config.data.max_length > positions:
+        raise ValueError(f"--max-length {config.data.max_length} exceeds the {positions} positions of "
+                         f"{config.model}")
+    gates, result = train(config, progress=run.progress, max_minutes=run.max_minutes)
+    if os.environ.get("RANK", "0") != "0":
+        return 0
+    if not result.complete:
+        print(f"{args.command} stopped by --max-minutes at step {result.done}: {config.output} (rerun the command "
+              "to resume)")
+        return 0
+    top = sorted(((float(v), layer, head) for (layer, head), v in np.ndenumerate(gates)), reverse=True)[:3]
+    ranked = ", ".join(f"layer {layer} KV head {head}: {v:.3f}" for v, layer, head in top)
+    print(f"gates written to {config.output}/full_attention_heads.tsv (highest: {ranked}); use "
+          f"-O {'duo_attention' if module == 'duo' else 'prulong'}.pattern={config.output}")
+    return 0
+
+
 def _testbed_train(args) -> int:
     from elastic_bench.testbed.training.train import TrainConfig, train
 
@@ -510,6 +546,8 @@ CONFIGS: dict[str, tuple[type | str, ...]] = {
     "bench kernel": ("elastic_bench.kernels.bench:KernelBenchConfig",),
     "bench prefill": ("elastic_bench.bench.prefill:PrefillBenchConfig",),
     "train-router": ("elastic_bench.method.trainer:TrainConfig", TrainRun),
+    "train-duo": ("elastic_bench.baselines.training.duo:DuoTrainConfig", TrainRun),
+    "train-prulong": ("elastic_bench.baselines.training.prulong:PruLongTrainConfig", TrainRun),
     "testbed train": (TestbedTrainRun, "elastic_bench.testbed.training.train:TrainConfig"),
     "testbed data": (TestbedDataConfig,),
     "testbed eval": (TestbedEvalConfig,),
@@ -520,8 +558,6 @@ CONFIGS: dict[str, tuple[type | str, ...]] = {
 
 def config_classes(command: str) -> list[type]:
     """The config classes of ``command`` (e.g. ``"testbed train"``)."""
-    import importlib
-
     found = []
     for entry in CONFIGS[command]:
         if isinstance(entry, str):
@@ -569,6 +605,20 @@ DESCRIPTIONS: dict[str, tuple[str, str, Callable[[Any], int]]] = {
                      "train_log.jsonl and a resume state to OUTPUT; re-running the same command resumes. Runs on one "
                      "device, or under `torchrun --nproc-per-node N -m elastic_bench train-router ...` with FSDP2 "
                      "over the backbone.", _train_router),
+    "train-duo": ("train DuoAttention's retrieval-head gates for a model (frozen backbone)",
+                  "Train one gate α per KV head (DuoAttention, arXiv 2410.10819; upstream's recipe): each head outputs "
+                  "α·full + (1 − α)·streaming, distilled from the same model with full attention on the final hidden "
+                  "states of synthetic multi-passkey retrieval, plus an L1 term on α. Writes "
+                  "full_attention_heads.tsv (rows = layers; -O duo_attention.pattern=OUTPUT), config.json, "
+                  "train_log.jsonl and a resume state to OUTPUT; re-running the same command resumes. One device, or "
+                  "torchrun with FSDP2 over the backbone.", _train_gates),
+    "train-prulong": ("train PruLong's hard-concrete head masks for a model (frozen backbone)",
+                      "Train one hard-concrete mask per KV head (PruLong, arXiv 2506.17121; upstream's recipe): each "
+                      "head outputs z·full + (1 − z)·streaming, with the LM loss plus a Lagrangian steering the head "
+                      "sparsity to --target (ramped from 0), on DuoAttention's passkey data. Writes the 0/1 masks at "
+                      "--target as full_attention_heads.tsv (-O prulong.pattern=OUTPUT), log_alpha.tsv, config.json, "
+                      "train_log.jsonl and a resume state to OUTPUT; re-running the same command resumes.",
+                      _train_gates),
     "testbed train": ("train the testbed model from scratch",
                       "Train the testbed model: word-level tokenizer, task generators, context curriculum 256 → 4096, "
                       "bf16 on the GPU; the defaults are the shipped checkpoint's recipe. Deterministic from --seed "

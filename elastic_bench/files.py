@@ -100,6 +100,45 @@ def digest(path: str | Path) -> str:
     return sha.hexdigest()
 
 
+def read_table(path: str | Path, what: str, layout: str):
+    """A tab-separated table of numbers (``numpy`` float64 ``[rows, columns]``), e.g. head gates or thresholds.
+
+    Args:
+        path: the file.
+        what: what the table is, for messages (``"head-gate file"``).
+        layout: what it holds, for messages (``"gates (layers × KV heads)"``).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file is not text, is empty, or is not a tab-separated table of numbers.
+    """
+    import io
+
+    import numpy as np
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no {what} at {path} (expected a tab-separated table of {layout})")
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a tab-separated table of numbers (not text)") from None
+    if not text.strip():
+        raise ValueError(f"{path} is empty; expected a tab-separated table of {layout}")
+    try:
+        return np.loadtxt(io.StringIO(text), delimiter="\t", ndmin=2)
+    except ValueError as err:
+        raise ValueError(f"{path} is not a tab-separated table of numbers: {err}") from None
+
+
+def write_table(path: str | Path, table, fmt: str = "%.18e") -> None:
+    """Write a ``[rows, columns]`` table of numbers tab-separated (``numpy.savetxt`` with ``fmt``), atomically."""
+    import numpy as np
+
+    with atomic_path(Path(path)) as tmp:
+        np.savetxt(tmp, table, fmt=fmt, delimiter="\t")
+
+
 LOCK_FILE = ".elastic-bench.lock"
 
 

@@ -4,7 +4,8 @@ types.
 
 - Help: the ``Attributes:`` (or ``Args:``) section of the class docstring, one ``name: text`` entry per field
   (``a, b: text`` documents several), continuation lines indented deeper.
-- Types: ``int``, ``float``, ``str``, ``bool``, ``Literal[...]`` (choices), ``X | None``, ``list[int]`` /
+- Types: ``int``, ``float``, ``str``, ``bool``, ``Literal[...]`` (choices), ``X | None``, ``X | Y`` (the first that
+  takes the value, e.g. a number or a name), ``list[int]`` /
   ``list[str]`` / ``tuple[...]`` (comma-separated; ints accept ``4K`` = 4096), ``dict[str, float]`` (``a=0.5,b=1``,
   repeatable) and nested config dataclasses (their fields become options of their own).
 - Flags: ``--field-name``; a bool that defaults to False is a switch, one that defaults to True has a ``--no-`` form.
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import operator
 import re
 import types
 import typing
@@ -73,17 +76,23 @@ def _hints(cls: type) -> dict[str, Any]:
 
 def _optional(tp: Any) -> tuple[Any, bool]:
     """(the type without ``None``, whether ``None`` is allowed)."""
-    if typing.get_origin(tp) in (Union, types.UnionType):
+    if _is_union(tp):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1 and len(typing.get_args(tp)) == 2:
-            return args[0], True
+        optional = len(args) < len(typing.get_args(tp))
+        return functools.reduce(operator.or_, args), optional
     return tp, False
+
+
+def _is_union(tp: Any) -> bool:
+    return typing.get_origin(tp) in (Union, types.UnionType)
 
 
 def _describe(tp: Any) -> str:
     tp, optional = _optional(tp)
     origin = typing.get_origin(tp)
-    if origin is Literal:
+    if _is_union(tp):  # e.g. a number or one of some names
+        text = " or ".join(_describe(a) for a in typing.get_args(tp))
+    elif origin is Literal:
         text = "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     elif origin in (list, tuple):
         item = _describe(typing.get_args(tp)[0])
@@ -114,6 +123,13 @@ def _check(tp: Any, value: Any) -> Any:
     origin = typing.get_origin(tp)
     if tp is Any:
         return value
+    if _is_union(tp):  # the first type that takes the value
+        for arm in typing.get_args(tp):
+            try:
+                return _check(arm, value)
+            except (TypeError, ValueError):
+                continue
+        raise ValueError
     if origin is Literal:
         if value not in typing.get_args(tp):
             raise ValueError
@@ -193,6 +209,18 @@ def _parser(tp: Any, name: str):
         parse.__name__ = described
         return parse
 
+    if _is_union(tp):
+        arms = [_parser(a, name) for a in typing.get_args(tp)]
+
+        def first(text: str):
+            for arm in arms:
+                try:
+                    return _check(tp, arm(text))
+                except (TypeError, ValueError, argparse.ArgumentTypeError):
+                    continue
+            raise ValueError
+
+        return wrap(first)
     if tp is int:
         return wrap(tokens)
     if tp is float:

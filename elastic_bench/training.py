@@ -106,7 +106,8 @@ class RunOptions:
 class Objective:
     """A trainer's part of the loop; `fit` calls, at step ``s`` (0-based) with ``batch = batches[s]``:
     ``learning_rate(s)``, then ``losses(s, batch)`` (backpropagating each loss before drawing the next), then, after
-    clipping and the optimizer step, ``record(s, seconds)``; ``save(s + 1)`` before each checkpoint (rank 0).
+    clipping and the optimizer step, ``after_step(s)`` and ``record(s, seconds)``; ``save(s + 1)`` before each
+    checkpoint (rank 0).
 
     A subclass sets these attributes in its ``__init__``:
 
@@ -143,6 +144,10 @@ class Objective:
         Under ``torchrun`` the losses of all ranks' micro-batches sum to the step's objective (divide by the global
         number of micro-batches for a mean)."""
         raise NotImplementedError
+
+    def after_step(self, step: int) -> None:
+        """Called right after the optimizer step of step ``step`` on every rank (e.g. to project parameters back
+        into their range)."""
 
     def record(self, step: int, seconds: float) -> dict[str, Any] | None:
         """The log record of step ``step`` (called on every rank after the optimizer step; collectives allowed),
@@ -241,6 +246,7 @@ def fit(
         norms = {name: _grad_norm(params) for name, params in objective.grad_norms.items()}
         grad_norm = torch.nn.utils.clip_grad_norm_(objective.clipped, objective.grad_clip)
         objective.optimizer.step()
+        objective.after_step(step)
         done = step + 1
         bar.update(1)
         record = objective.record(step, elapsed())
@@ -398,6 +404,34 @@ def _restore(objective: Objective, record: dict[str, Any], tensors: dict[str, to
 
 
 # ---- devices, precision, determinism, distribution -----------------------------------------------------------------
+
+
+def training_backend(requested: str | None, device: torch.device) -> str:
+    """The differentiable attention backend for ``device``: ``reference`` on CPU, ``flex`` on CUDA by default.
+
+    Raises:
+        ValueError: ``requested`` is not differentiable, or not available on ``device``.
+    """
+    from elastic_bench.kernels import available_backends
+
+    name = requested or ("flex" if device.type == "cuda" else "reference")
+    if name not in ("reference", "flex"):
+        raise ValueError(f"training needs a differentiable attention backend (reference or flex), got {name!r}")
+    if name not in available_backends(device):
+        raise ValueError(
+            f"attention backend {name!r} is not available on {device} (available: "
+            f"{', '.join(available_backends(device))}); train with --backend reference"
+        )
+    return name
+
+
+def compile_length(length: int, block_size: int = 128) -> int:
+    """The length a training branch of ``length`` tokens is zero-padded to on a compiled backend (``flex`` compiles
+    once per sequence length): whole blocks, then one of 4 block counts per octave (4·2^e, 5·2^e, ..., 8·2^e), so at
+    most 25% more work. Padding after every real query leaves causal attention of the real tokens unchanged."""
+    blocks = -(-length // block_size)
+    step = 1 << max(0, blocks.bit_length() - 3)
+    return -(-blocks // step) * step * block_size
 
 
 def autocast(device: torch.device):

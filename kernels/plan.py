@@ -3,7 +3,10 @@
 Design decisions:
 - A plan is per sample and per KV head (`modes [B, H]`): a batch may route each prompt differently.
 - Three modes. FULL is dense causal attention. STREAMING keeps sink + local-window keys, either token-exact or at
-  128-block granularity (Block-Sparse-Attention semantics). BLOCK_SPARSE keeps a selected set of key blocks.
+  128-block granularity (Block-Sparse-Attention semantics), or as DuoAttention's chunked prefill computes them (a
+  dense first chunk, then sink + recent keys + the current chunk: one forward gives what the chunk-by-chunk loop
+  over a truncated cache gives, since earlier tokens never depend on later ones). BLOCK_SPARSE keeps a selected set
+  of key blocks.
 - Block-sparse selections are per *query* head (XAttention selects per query head) and stored compactly as CSR rows
   (`BlockSelection`), never as padded dense masks.
 - Positions are absolute and causal alignment is bottom-right: with `Lq` queries and `Lk` keys, query `i` sits at
@@ -32,30 +35,75 @@ class Mode(enum.IntEnum):
 
 @dataclass(frozen=True)
 class StreamingGeometry:
-    """Sink + local-window geometry of STREAMING heads.
+    """Sink + local-window geometry of STREAMING heads, optionally as a chunked prefill computes it.
+
+    Every rule reads absolute positions (a query at ``p`` over keys ``j``), so a call with fewer queries than keys (a
+    caller-fed chunk, a decode step) gets the same pattern as those queries get in a one-shot call. A key is visible
+    iff ``j <= p`` and (``j < sink_end`` or ``j >= window_start(p)``); see `sink_end` and `window_start`.
 
     Args:
         sink: number of initial tokens every query sees.
-        local: window length in tokens, counting the query's own token.
+        local: window length in tokens. Unchunked, it counts the query's own token; chunked, it counts the keys kept
+            before the query's chunk (DuoAttention's ``recent_size``).
         granularity: ``"token"``: key ``j`` is visible to a query at position ``p`` iff ``j <= p`` and
             (``j < sink`` or ``p - j < local``). ``"block"`` (Block-Sparse-Attention ``block_streaming``): query block
             ``r`` sees key blocks ``[0, ceil(sink/b))`` and ``[r - ceil(local/b) + 1, r]``, causal inside the diagonal
             block; the window then spans ``(l_b - 1)·b + 1 … l_b·b`` tokens.
+        chunk_starts: the chunks of a chunked prefill (DuoAttention's deployment; token granularity only): their
+            start positions, ``0`` first, strictly ascending; empty (the default): no chunking. A query at position
+            ``p`` lies in the chunk ``[s, e)`` whose start ``s`` is the largest one ``<= p`` (positions past the last
+            start belong to the last chunk). It sees key ``j`` iff ``j <= p`` and (``j < sink`` or
+            ``j >= s - local``): the sink, the last ``local`` keys before its chunk and its chunk up to itself, which
+            is what attention over upstream's truncated streaming cache (the first ``sink`` + last ``local`` tokens,
+            original RoPE positions) plus the current chunk computes. The first chunk (``s = 0``) is therefore dense,
+            and so is a chunk starting at ``s <= sink + local``; ``(0,)`` is one dense chunk.
     """
 
     sink: int = 128
     local: int = 2048
     granularity: Literal["token", "block"] = "token"
+    chunk_starts: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.sink < 0 or self.local < 1:
             raise ValueError(f"streaming needs sink >= 0 and local >= 1, got sink={self.sink}, local={self.local}")
         if self.granularity not in ("token", "block"):
             raise ValueError(f"granularity must be 'token' or 'block', got {self.granularity!r}")
+        starts = tuple(int(s) for s in self.chunk_starts)
+        object.__setattr__(self, "chunk_starts", starts)  # a tuple, so geometries hash (pair counts are cached)
+        if starts and self.granularity != "token":
+            raise ValueError("a chunked streaming geometry is token-granular")
+        if starts and (starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:]))):
+            raise ValueError(f"chunk_starts must start at 0 and ascend strictly, got {starts}")
 
     def blocks(self, block_size: int) -> tuple[int, int]:
         """(sink blocks, local blocks including the diagonal) for block granularity."""
         return -(-self.sink // block_size), -(-self.local // block_size)
+
+    def sink_end(self, block_size: int) -> int:
+        """Keys below this position are visible to every later query (the sink blocks' extent for block geometry)."""
+        return self.sink if self.granularity == "token" else self.blocks(block_size)[0] * block_size
+
+    def window_start(self, pos: torch.Tensor, block_size: int) -> torch.Tensor:
+        """The first window key of queries at absolute positions ``pos`` (integer tensor, any shape; the result has its
+        shape and may be negative, meaning that every earlier key is in the window)."""
+        if self.chunk_starts:
+            return self.chunk_start(pos) - self.local
+        if self.granularity == "token":
+            return pos - self.local + 1
+        return (pos // block_size - self.blocks(block_size)[1] + 1) * block_size
+
+    def chunk_start(self, pos: torch.Tensor) -> torch.Tensor:
+        """Start of the prefill chunk holding each absolute position of ``pos`` (any shape; 0 in the first chunk)."""
+        starts = torch.tensor(self.chunk_starts, dtype=pos.dtype, device=pos.device)
+        return starts[torch.searchsorted(starts, pos, right=True) - 1]
+
+    def chunk_spans(self, first: int, stop: int) -> list[tuple[int, int, int]]:
+        """``(chunk start, first position, stop)`` of each chunk holding some of the positions ``first … stop - 1``,
+        in order; the positions ``first position … stop - 1`` are the chunk's, clipped to that range."""
+        bounds = [s for s in self.chunk_starts if first < s < stop]
+        starts = [max(s for s in self.chunk_starts if s <= first), *bounds]
+        return [(s, max(s, first), e) for s, e in zip(starts, [*bounds, stop])]
 
 
 @dataclass(frozen=True)
@@ -120,7 +168,8 @@ class HeadPlan:
         modes: uint8 ``[B, H]`` of ``Mode`` values, one per sample and KV head, on the host or the device. Host modes
             (what a static method knows before the call) spare the device synchronisations that reading device modes
             on the host costs (``has``, the split of FULL heads, pair counts); every kernel takes either.
-        streaming: geometry shared by the STREAMING heads of this plan.
+        streaming: geometry shared by the STREAMING heads of this plan. A chunked one (``chunk_starts``) combines
+            with FULL heads only.
         blocks: selected key blocks for BLOCK_SPARSE heads, per query head (``[B, Hq, nQ]`` CSR); required iff a
             head is BLOCK_SPARSE. Rows of other heads are ignored.
         block_size: key/query block size in tokens (128 by default, as Block-Sparse-Attention and FlexAttention).
@@ -138,6 +187,8 @@ class HeadPlan:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
         if self.blocks is None and bool((self.modes == Mode.BLOCK_SPARSE).any()):
             raise ValueError("a BLOCK_SPARSE head needs a BlockSelection (HeadPlan.blocks)")
+        if self.streaming.chunk_starts and self.blocks is not None:
+            raise ValueError("a chunked streaming geometry combines with FULL heads only (no BlockSelection)")
 
     @property
     def batch_size(self) -> int:

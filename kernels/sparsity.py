@@ -8,6 +8,8 @@ Definitions (Elastic Attention, https://arxiv.org/abs/2601.17367, Def. 2.1, Eq. 
 - ΩMSR: the fraction of (layer, KV head) pairs whose mode is not FULL.
 - ΩESR: the mean of ``ρ`` over (layer, KV head); prefill chunks of one sample are summed before the ratio.
   ``omega_esr_last_row`` is the variant of the paper's figures, the pruning seen by the last query only.
+- A chunked-prefill streaming geometry counts what the chunked prefill computes: its dense first chunk, then per chunk
+  the sink, the keys kept before the chunk and the causal part of the chunk (`streaming_pairs`).
 Decode steps are not counted: the measures describe the prefill.
 """
 
@@ -45,15 +47,16 @@ def causal_pairs(q_len: int, k_len: int) -> int:
 
 @lru_cache(maxsize=256)
 def streaming_pairs(q_len: int, k_len: int, geometry: StreamingGeometry, block_size: int) -> tuple[int, int]:
-    """(pairs, keys seen by the last query) of one STREAMING head."""
+    """(pairs, keys seen by the last query) of one STREAMING head.
+
+    A query at position ``p`` with window start ``w`` and sink end ``s`` (`StreamingGeometry`) sees every key
+    ``j <= p`` when ``w <= s`` (the window reaches the sink), else ``s + p - w + 1`` keys. For a chunked prefill
+    (``w = chunk start - local``) that is a dense first chunk, then per chunk the sink, the ``local`` keys before it
+    and the causal part of the chunk, the overlap of sink and window counted once.
+    """
     p = torch.arange(k_len - q_len, k_len, dtype=torch.int64)
-    if geometry.granularity == "token":
-        n = torch.clamp(p + 1, max=geometry.sink + geometry.local)
-    else:
-        sink_blocks, local_blocks = geometry.blocks(block_size)
-        r = p // block_size
-        w0 = torch.clamp(r - local_blocks + 1, min=0)
-        n = torch.where(w0 <= sink_blocks, p + 1, sink_blocks * block_size + p - w0 * block_size + 1)
+    sink, w = geometry.sink_end(block_size), geometry.window_start(p, block_size)
+    n = torch.where(w <= sink, p + 1, sink + p - w + 1)
     return int(n.sum()), int(n[-1]) if q_len else 0
 
 

@@ -37,8 +37,11 @@ from torch import nn
 from elastic_bench.interface import AttentionCall, Method, register_method
 from elastic_bench.kernels import HeadPlan, hybrid_attention
 
+from .modes import OFFICIAL_XA_THRESHOLD, PAPER_XA_THRESHOLD
+
 SHIPPED_ROUTER_DIR = "elastic_router"
 UNTRAINED = "untrained"  # the `router` value that asks for fresh, seeded, untrained routers
+XA_THRESHOLDS = {"paper": PAPER_XA_THRESHOLD, "official": OFFICIAL_XA_THRESHOLD}  # XAttention τ by name
 
 
 class TrainingRoute:
@@ -89,7 +92,9 @@ class Elastic(Method):
             there is none; ``untrained``: fresh untrained routers (seeded), on purpose.
         mode: ``fa-ssa``, ``fa-xa`` or ``xa-ssa``; None: the checkpoint's (``fa-ssa`` for fresh routers).
         sink, local, granularity: streaming geometry; None: the checkpoint's (128, 2048, ``block`` by default).
-        xa_threshold: XAttention threshold τ; None: the checkpoint's (0.9 by default).
+        xa_threshold: XAttention threshold τ in [0, 1], or by name: ``paper`` (0.9) or ``official`` (0.8, what the
+            official evaluation code of the released FA-XA / XA-SSA routers uses); None: the checkpoint's (0.9 by
+            default).
         seed: initialisation seed of fresh routers.
     """
 
@@ -98,7 +103,7 @@ class Elastic(Method):
     sink: int | None = None
     local: int | None = None
     granularity: Literal["token", "block"] | None = None
-    xa_threshold: float | None = None
+    xa_threshold: float | Literal["paper", "official"] | None = None
     seed: int = 0
 
     needs_pre_rope_keys = True
@@ -116,7 +121,11 @@ class Elastic(Method):
             raise ValueError(f"{self.name}.sink must be >= 0, got {self.sink}")
         if self.local is not None and self.local < 1:
             raise ValueError(f"{self.name}.local must be >= 1, got {self.local}")
-        if self.xa_threshold is not None and not 0.0 <= self.xa_threshold <= 1.0:  # NaN fails too
+        if isinstance(self.xa_threshold, str):
+            if self.xa_threshold not in XA_THRESHOLDS:
+                raise ValueError(f"{self.name}.xa_threshold must be a number or one of {', '.join(XA_THRESHOLDS)}, "
+                                 f"got {self.xa_threshold!r}")
+        elif self.xa_threshold is not None and not 0.0 <= self.xa_threshold <= 1.0:  # NaN fails too
             raise ValueError(f"{self.name}.xa_threshold must lie in [0, 1], got {self.xa_threshold}")
         if self.seed < 0:
             raise ValueError(f"{self.name}.seed must be >= 0, got {self.seed}")
@@ -135,7 +144,7 @@ class Elastic(Method):
     def overrides(self) -> dict[str, Any]:
         """The `ModeConfig` fields set on this method (they replace a checkpoint's)."""
         knobs = {"mode": self.mode, "sink": self.sink, "local": self.local, "granularity": self.granularity,
-                 "xa_threshold": self.xa_threshold}
+                 "xa_threshold": XA_THRESHOLDS.get(self.xa_threshold, self.xa_threshold)}
         return {k: v for k, v in knobs.items() if v is not None}
 
     # ---- setup ---------------------------------------------------------------------------------------------------
@@ -233,8 +242,9 @@ class Elastic(Method):
         both branches for every head.
 
         With a compiled backend (``flex``, which compiles once per sequence length) the training branches run on
-        zero-padded tensors whose length is rounded up to one of four lengths per octave (at most 25% more work):
-        the padding sits after every real query, so causal attention of the real tokens is unchanged."""
+        zero-padded tensors of `elastic_bench.training.compile_length`."""
+        from elastic_bench.training import compile_length
+
         route = call.training_route
         if route is None:
             return super().attend(call, plan, scale, backend)
@@ -242,7 +252,7 @@ class Elastic(Method):
         modes = self.routers.config.attention
         q, k, v = call.query, call.key, call.value
         length = k.shape[2]
-        padded = _bucket_length(length, modes.block_size) if backend == "flex" else length
+        padded = compile_length(length, modes.block_size) if backend == "flex" else length
         if padded > length:
             q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, padded - length)) for x in (q, k, v))
         full = hybrid_attention(q, k, v, modes.side_plan(True, q, k), scale=scale, backend=backend)
@@ -257,13 +267,6 @@ class Elastic(Method):
         if not self._routed:
             return {}
         return {"router_sparse_fraction": self._sparse_side / self._routed}
-
-
-def _bucket_length(length: int, block_size: int) -> int:
-    """``length`` rounded up to whole blocks, then to one of 4 block counts per octave (4·2^e, 5·2^e, ..., 8·2^e)."""
-    blocks = -(-length // block_size)
-    step = 1 << max(0, blocks.bit_length() - 3)
-    return -(-blocks // step) * step * block_size
 
 
 def model_layout(model: nn.Module) -> tuple[int, int, int]:

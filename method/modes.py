@@ -12,10 +12,13 @@ Paper §3.1 and App. D; official eval model ``LCM-Lab/Elastic-Attention`` @ c62a
 Design decisions:
 - Streaming is block-granular by default (Block-Sparse-Attention semantics): sink 128 tokens (1 block) and a local
   window of 2048 tokens (16 blocks, the diagonal block included).
-- XAttention selections (stride 16, threshold 0.9, block 128, per query head) are estimated only for the heads routed
-  to XA, and not at all when no head is (the official eval model estimates every head on every prefill). The
-estimator lives in
-  `elastic_bench.kernels.xattention` and is imported only when an XA head exists.
+- XAttention selections (stride 16, block 128, per query head, upstream's selection rule) are estimated only for the
+  heads routed to XA, and not at all when no head is (the official eval model estimates every head on every
+  prefill). The estimator lives in `elastic_bench.kernels.xattention` and is imported only when an XA head exists.
+- XAttention threshold: τ 0.9 by default, the paper's (`PAPER_XA_THRESHOLD`). The official evaluation code of the
+  released FA-XA / XA-SSA routers hard-codes τ 0.8 (`OFFICIAL_XA_THRESHOLD`; ``xattn_params`` of the eval model,
+  passed to ``Xattention_prefill_dim4`` with its automatic chunk size): ``-O elastic.xa_threshold=official``
+  reproduces it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Literal
 import torch
 
 from elastic_bench.kernels import BlockSelection, HeadPlan, Mode, StreamingGeometry
+from elastic_bench.kernels.xattention import RULES, Rule
 
 ModeName = Literal["fa-ssa", "fa-xa", "xa-ssa"]
 SIDES: dict[str, tuple[Mode, Mode]] = {
@@ -33,6 +37,8 @@ SIDES: dict[str, tuple[Mode, Mode]] = {
     "fa-xa": (Mode.FULL, Mode.BLOCK_SPARSE),
     "xa-ssa": (Mode.BLOCK_SPARSE, Mode.STREAMING),
 }
+PAPER_XA_THRESHOLD = 0.9  # the paper's XAttention τ, the default
+OFFICIAL_XA_THRESHOLD = 0.8  # the τ of the official evaluation code (modeling_flash_qwen.py, xattn_params)
 
 
 @dataclass(frozen=True)
@@ -44,7 +50,10 @@ class ModeConfig:
         sink, local: streaming sink and local-window tokens.
         granularity: streaming granularity, ``"block"`` (default) or ``"token"``.
         block_size: block size of streaming blocks and XAttention selections.
-        xa_stride, xa_threshold: XAttention antidiagonal stride and cumulative-mass threshold τ.
+        xa_stride, xa_threshold: XAttention antidiagonal stride and cumulative-mass threshold τ (0.9, the paper's;
+            the official evaluation code uses `OFFICIAL_XA_THRESHOLD` = 0.8).
+        xa_rule: XAttention block-selection rule, ``upstream`` (upstream's, as the official evaluation code runs
+            it) or ``strict`` (see `elastic_bench.kernels.xattention`).
     """
 
     mode: ModeName = "fa-ssa"
@@ -53,7 +62,8 @@ class ModeConfig:
     granularity: Literal["token", "block"] = "block"
     block_size: int = 128
     xa_stride: int = 16
-    xa_threshold: float = 0.9
+    xa_threshold: float = PAPER_XA_THRESHOLD
+    xa_rule: Rule = "upstream"
 
     def __post_init__(self):
         if self.mode not in SIDES:
@@ -61,6 +71,8 @@ class ModeConfig:
         StreamingGeometry(self.sink, self.local, self.granularity)  # validates
         if not 0.0 <= self.xa_threshold <= 1.0:
             raise ValueError(f"xa_threshold must lie in [0, 1], got {self.xa_threshold}")
+        if self.xa_rule not in RULES:
+            raise ValueError(f"xa_rule must be one of {', '.join(RULES)}; got {self.xa_rule!r}")
         if self.block_size < 1 or self.xa_stride < 1 or self.block_size % self.xa_stride:
             raise ValueError(f"xa_stride ({self.xa_stride}) must be >= 1 and divide block_size ({self.block_size})")
 
@@ -101,5 +113,5 @@ class ModeConfig:
         with torch.no_grad():
             return xattention_select(
                 query.detach(), key.detach(), threshold=self.xa_threshold, stride=self.xa_stride,
-                block_size=self.block_size, heads=heads,
+                block_size=self.block_size, heads=heads, rule=self.xa_rule,
             )

@@ -54,6 +54,7 @@ from elastic_bench.training import (
     replica_divergence,
     row_inputs,
     shard,
+    training_backend,
 )
 from elastic_bench.training import all_reduce_sum as _all_reduce_sum
 from elastic_bench.training import tokenize as tokenize_examples
@@ -78,7 +79,8 @@ class TrainConfig:
             ``"synthetic"`` (`synthetic_records`).
         output: output directory (routers, log, training state); a rerun with the same one resumes.
         steps: optimizer steps.
-        rows_per_step: packed rows per optimizer step, over all ranks (a multiple of the number of ranks).
+        rows_per_step: packed rows per optimizer step, over all ranks (a multiple of the number of ranks); 24 as the
+            official script's global batch (6 accumulation steps × 8 GPUs, sequence parallelism 2).
         pack_tokens: tokens per packed row.
         max_tokens: per-sample cap in tokens (the prompt's middle is cut); None: ``pack_tokens``.
         targets: target ΩMSR per category (``NAME=VALUE``); every category of the data needs one.
@@ -109,8 +111,9 @@ class TrainConfig:
             (official, ``λ1·|Ω − t|``).
         t_interval: ``(lo, hi)``: the constraint gap is the distance to ``[t + lo, t + hi]`` (0 inside) instead of
             ``Ω − t``; None: no tolerance.
-        loss_tokens: the LM loss is taken on the ``"answer"`` tokens (the loss then measures what routing costs the
-            task) or on ``"all"`` next tokens inside a sample (the official training code).
+        loss_tokens: the LM loss is taken on ``"all"`` next tokens inside a sample (the official training code,
+            where the paper is silent) or on the ``"answer"`` tokens (the loss then measures what routing costs the
+            task).
         synthetic_samples: number of records of the synthetic data set (``data="synthetic"``).
         synthetic_length: prompt length in characters of each synthetic record.
         backend: differentiable attention backend (``reference`` or ``flex``); None: ``reference`` on CPU, ``flex``
@@ -127,7 +130,7 @@ class TrainConfig:
     data: str = "synthetic"
     output: str = "runs/router"
     steps: int = 300
-    rows_per_step: int = 8
+    rows_per_step: int = 24
     pack_tokens: int = 65536
     max_tokens: int | None = None
     targets: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TARGETS))
@@ -151,7 +154,7 @@ class TrainConfig:
     tau_rate: float = 0.6
     penalty: str = "signed"
     t_interval: tuple[float, float] | None = None
-    loss_tokens: str = "answer"
+    loss_tokens: str = "all"
     synthetic_samples: int = 256
     synthetic_length: int = 400
     backend: str | None = None
@@ -457,21 +460,6 @@ def feature_means(model: nn.Module, bank, rows: list[PackedRow], num_categories:
     mean = (sums[present] / counts[present][:, None, None, None]).mean(dim=0)
     for layer, router in enumerate(bank.layers):
         router.feature_mean.copy_(mean[layer].float())
-
-
-def training_backend(requested: str | None, device: torch.device) -> str:
-    """The differentiable attention backend for ``device``: ``reference`` on CPU, ``flex`` on CUDA by default."""
-    from elastic_bench.kernels import available_backends
-
-    name = requested or ("flex" if device.type == "cuda" else "reference")
-    if name not in ("reference", "flex"):
-        raise ValueError(f"training needs a differentiable attention backend (reference or flex), got {name!r}")
-    if name not in available_backends(device):
-        raise ValueError(
-            f"attention backend {name!r} is not available on {device} (available: "
-            f"{', '.join(available_backends(device))}); train with --backend reference"
-        )
-    return name
 
 
 def lr_factor(step: int, config: TrainConfig) -> float:

@@ -24,10 +24,10 @@ from elastic_bench import cli
 
 CASES = 200
 SEED = 2024
-COMMANDS = ["run", "report", "bench kernel", "train-router", "testbed train", "testbed data", "testbed eval",
-            "testbed heads", "testbed probe", "methods", "tasks"]
-WEIGHTS = [5, 2, 1, 2, 1, 1, 1, 1, 1, 0.5, 0.5]  # how often each command is drawn: run has the most inputs
-FOLDER_OUTPUT = {"run", "train-router", "testbed train", "report"}  # --output is a folder
+COMMANDS = ["run", "report", "bench kernel", "train-router", "train-duo", "train-prulong", "testbed train",
+            "testbed data", "testbed eval", "testbed heads", "testbed probe", "methods", "tasks"]
+WEIGHTS = [5, 2, 1, 2, 1, 1, 1, 1, 1, 1, 1, 0.5, 0.5]  # how often each command is drawn: run has the most inputs
+FOLDER_OUTPUT = {"run", "train-router", "train-duo", "train-prulong", "testbed train", "report"}  # --output: a folder
 FILE_OUTPUT = {"bench kernel", "testbed data", "testbed eval", "testbed heads"}  # --output is a file
 # What each type of option is given when it is wrong (every one fails its option's conversion).
 WRONG = {
@@ -42,6 +42,8 @@ OUT_OF_RANGE = {
     "run": [("--limit", "0"), ("--lengths", "0"), ("--lengths", "640,-8"), ("--backend", "bogus")],
     "bench kernel": [("--seed", "-5"), ("--cells", "bogus")],
     "train-router": [("--seed", "-5"), ("--steps", "0"), ("--max-minutes", "-1"), ("--xa-threshold", "2")],
+    "train-duo": [("--steps", "0"), ("--initial-value", "2"), ("--num-passkeys", "30"), ("--min-depth", "-1")],
+    "train-prulong": [("--target", "1"), ("--batch-size", "0"), ("--sparsity-warmup", "2"), ("--local", "0")],
     "testbed train": [("--seed", "-5"), ("--steps", "0"), ("--max-minutes", "-3"), ("--task-weights", "nope=1")],
     "testbed data": [("--samples", "0"), ("--seed", "-5"), ("--lengths", "-1")],
     "testbed eval": [("--samples", "0"), ("--local", "0"), ("--sink", "-1"), ("--lengths", "0")],

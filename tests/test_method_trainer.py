@@ -16,9 +16,9 @@ from elastic_bench.method import ModeConfig, synthetic_records
 from elastic_bench.method.elastic import Elastic, TrainingRoute
 from elastic_bench.method.objective import LagrangeMultipliers, omega_msr, sparsity_penalty
 from elastic_bench.method.relaxation import gumbel_noise
-from elastic_bench.method.trainer import TrainConfig, train, training_backend
+from elastic_bench.method.trainer import TrainConfig, train
 from elastic_bench.models import load_model
-from elastic_bench.training import LossModel, row_inputs
+from elastic_bench.training import LossModel, row_inputs, training_backend
 
 TARGETS = {"sensitive": 0.3, "robust": 1.0}
 SMALL = ModeConfig(sink=4, local=32, granularity="token")

@@ -185,3 +185,30 @@ def test_config_file_values_are_defaults_that_flags_override(tmp_path, monkeypat
     config = seen["config"]
     assert (config.model, config.limit, config.lengths) == ("tiny:llama", 2, [512])
     assert config.method_options == {"streaming": {"local": 32, "sink": 4}}
+
+
+@dataclass
+class Named:
+    """A value that is a number or a name.
+
+    Attributes:
+        tau: a threshold, or ``paper`` / ``official``.
+    """
+
+    tau: float | Literal["paper", "official"] | None = None
+
+
+def test_a_union_takes_the_first_type_that_fits():
+    parser = argparse.ArgumentParser()
+    add_options(parser, Named)
+    assert parser.parse_args(["--tau", "0.8"]).tau == 0.8
+    assert parser.parse_args(["--tau", "official"]).tau == "official"
+    assert parser.parse_args(["--tau", "none"]).tau is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--tau", "offical"])
+    assert check_value(Named, "tau", 1, "x") == 1.0 and check_value(Named, "tau", "paper", "x") == "paper"
+    with pytest.raises(ValueError, match="x must be a number or one of 'paper', 'official' or null, got 'p'"):
+        check_value(Named, "tau", "p", "x")
+    from elastic_bench import get_method
+
+    assert get_method("elastic", router="untrained", xa_threshold="official").overrides() == {"xa_threshold": 0.8}

@@ -11,25 +11,39 @@ streaming KV heads.
 The gates are data files: a ``head_gates.tsv`` inside the model directory (the testbed ships one, from head
 ablation), or the shipped DuoAttention patterns (Llama-3.1-8B-Instruct, Mistral-7B-Instruct-v0.2, MIT licence, see
 ``data/duo_attention_patterns/NOTICE.md``) found by model name; any other model needs ``pattern=<dir or tsv>``.
-Prefill is one-shot (upstream's dense-first-chunk deployment is not reproduced); decode steps of streaming heads see
-only sink + window, as upstream's compressed cache does (compute only: the KV cache is not evicted).
+
+Prefill deployments (``prefill``), each computed in one forward of the prompt:
+- ``"one-shot"`` (the default): every streaming head is sparse from the first token, the sparsity the Elastic paper's
+  comparison measures.
+- ``"chunked"``: upstream's deployment (DuoAttention ``duo_attn/patch/llama.py``, which PruLong's evaluation calls):
+  the prompt in chunks of ``chunk_size`` tokens over a cache whose streaming heads keep the first ``sink`` + last
+  ``local`` tokens. The first chunk is dense for every head; a later chunk's streaming heads see the sink, the
+  ``local`` tokens before the chunk and the chunk. PruLong's evaluation (``eval/model_utils.py``) chunks all but
+  the last prompt token, which follows as a step of its own. Since earlier tokens never depend on later ones, one
+  forward with that pattern (`StreamingGeometry.chunk_starts`) equals the chunk-by-chunk loop.
+- ``"longbench"``: DuoAttention's LongBench evaluation (``eval/LongBench/pred.py``): all but the last 50 prompt tokens
+  as the dense first chunk, then those 50 one at a time.
+Decode steps of streaming heads see only sink + window, as upstream's compressed cache does (compute only: the KV
+cache is not evicted): ``local`` tokens with the query's own after a one-shot prefill; after a chunked one, as
+upstream's decode step, its ``local`` cached tokens and itself.
 """
 
 from __future__ import annotations
 
-import io
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal, get_args
 
 import numpy as np
 import torch
 from torch import nn
 
+from elastic_bench.files import read_table
 from elastic_bench.interface import AttentionCall, Method
 from elastic_bench.kernels import HeadPlan, Mode, StreamingGeometry
 
+GATES_FILE = "full_attention_heads.tsv"  # DuoAttention's name, inside a pattern folder
 PATTERNS_DIR = Path(__file__).resolve().parent.parent / "data" / "duo_attention_patterns"
 
 
@@ -43,19 +57,10 @@ def load_gates(path: str | Path) -> np.ndarray:
     """
     path = Path(path)
     if path.is_dir():
-        path = path / "full_attention_heads.tsv"
+        path = path / GATES_FILE
     if not path.exists():
         raise FileNotFoundError(f"no head-gate file at {path} (expected a full_attention_heads.tsv)")
-    try:
-        text = path.read_text()
-    except UnicodeDecodeError:
-        raise ValueError(f"{path} is not a tab-separated table of numbers (not text)") from None
-    if not text.strip():
-        raise ValueError(f"{path} is empty; expected a tab-separated table of gates (layers × KV heads)")
-    try:
-        gates = np.loadtxt(io.StringIO(text), delimiter="\t", ndmin=2)
-    except ValueError as err:
-        raise ValueError(f"{path} is not a tab-separated table of numbers: {err}") from None
+    gates = read_table(path, "head-gate file", "gates (layers × KV heads)")
     bad = np.argwhere(~np.isfinite(gates))
     if len(bad):
         layer, head = (int(i) for i in bad[0])
@@ -80,6 +85,16 @@ def binarize(gates: np.ndarray, sparsity: float | None, seed: int = 0) -> np.nda
 
 
 MODEL_GATES = "head_gates.tsv"  # a gate file shipped inside a model directory (e.g. the testbed's)
+Prefill = Literal["one-shot", "chunked", "longbench"]
+LONGBENCH_DECODED = 50  # DuoAttention's eval/LongBench/pred.py: --decoding_simulation_length 50
+
+
+def prefill_chunk_starts(length: int, chunk_size: int, decoded: int) -> tuple[int, ...]:
+    """Chunk starts (`StreamingGeometry.chunk_starts`) of a ``length``-token prompt prefilled in chunks of
+    ``chunk_size`` tokens up to its last ``decoded`` tokens, which follow one at a time (the first chunk keeps at
+    least one token)."""
+    head = max(length - decoded, 1)
+    return (*range(0, head, chunk_size), *range(head, length))
 
 
 def shipped_pattern(source: str, duo_patterns: bool = True) -> Path:
@@ -112,8 +127,13 @@ class HeadGates(Method):
         sparsity: fraction of KV heads made streaming (global quantile); None thresholds the gates at 0.5.
         seed: seed of the tie-breaking noise.
         sink: streaming sink tokens.
-        local: streaming window tokens (the query's own token included).
+        local: streaming window tokens (the query's own token included); in a chunked prefill, the tokens kept
+            before the chunk (upstream's ``recent_size``).
         sparse_decode: decode steps of streaming heads see only sink + window (upstream's compressed cache).
+        prefill: ``"one-shot"`` (sparse from the first token), ``"chunked"`` (upstream's deployment: a dense first
+            chunk, then sink + ``local`` + the chunk) or ``"longbench"`` (DuoAttention's LongBench evaluation: all but
+            the last 50 prompt tokens dense, then one at a time).
+        chunk_size: prefill chunk length of ``prefill="chunked"``.
     """
 
     pattern: str = "auto"
@@ -122,8 +142,11 @@ class HeadGates(Method):
     sink: int = 64
     local: int = 256
     sparse_decode: bool = True
+    prefill: Prefill = "one-shot"
+    chunk_size: int = 32000  # DuoAttention's scripts/niah.sh and scripts/efficiency.sh: --prefilling_chunk_size 32000
 
     duo_patterns: ClassVar[bool] = True  # whether "auto" may take a shipped DuoAttention pattern
+    decoded_prompt_tokens: ClassVar[int] = 0  # last prompt tokens upstream's chunked evaluation feeds one at a time
 
     def __post_init__(self):
         if self.sparsity is not None and not 0.0 <= self.sparsity <= 1.0:  # NaN fails too
@@ -134,6 +157,10 @@ class HeadGates(Method):
             raise ValueError(f"{self.name}.sink must be >= 0, got {self.sink}")
         if self.local < 1:
             raise ValueError(f"{self.name}.local must be >= 1, got {self.local}")
+        if self.prefill not in get_args(Prefill):
+            raise ValueError(f"{self.name}.prefill must be one of {', '.join(get_args(Prefill))}, got {self.prefill!r}")
+        if self.chunk_size < 1:
+            raise ValueError(f"{self.name}.chunk_size must be >= 1, got {self.chunk_size}")
         if self.pattern != "auto" and not Path(self.pattern).exists():
             raise FileNotFoundError(f"{self.name}.pattern: no file or folder at {self.pattern} (expected a "
                                     "full_attention_heads.tsv or a folder holding one, or 'auto')")
@@ -144,7 +171,8 @@ class HeadGates(Method):
         return shipped_pattern(model_dir, self.duo_patterns) if self.pattern == "auto" else Path(self.pattern)
 
     def artifacts(self, model_dir: str) -> dict[str, Path]:
-        return {"pattern": self.gate_file(model_dir)}
+        path = self.gate_file(model_dir)  # a folder's gate file only: its other files (a training state) do not count
+        return {"pattern": path / GATES_FILE if path.is_dir() else path}
 
     def setup(self, model: nn.Module) -> None:
         from elastic_bench.attention import attention_modules
@@ -164,11 +192,29 @@ class HeadGates(Method):
         self._geometry = StreamingGeometry(self.sink, self.local)
 
     def prefill_plan(self, call: AttentionCall) -> HeadPlan:
-        row = self._modes[self._layer_row[call.layer_idx]]  # host modes: no device synchronisation
-        return HeadPlan(row.expand(call.batch_size, -1), self._geometry)
+        """The gates' modes under the ``prefill`` deployment; a chunked one is planned on the call's keys as a whole
+        prompt, so a caller-fed chunk continues the same chunk grid (``"chunked"``, DuoAttention)."""
+        return self._plan(call, self.prefill_geometry(call.key.shape[2]))
 
     def decode_plan(self, call: AttentionCall) -> HeadPlan:
-        return self.prefill_plan(call) if self.sparse_decode else super().decode_plan(call)
+        if not self.sparse_decode:
+            return super().decode_plan(call)
+        chunked = self.prefill != "one-shot"  # upstream's decode step: `local` cached tokens and the query
+        return self._plan(call, replace(self._geometry, local=self.local + 1) if chunked else self._geometry)
+
+    def prefill_geometry(self, length: int) -> StreamingGeometry:
+        """The streaming geometry of a ``length``-token prefill under the ``prefill`` deployment."""
+        if self.prefill == "one-shot":
+            return self._geometry
+        if self.prefill == "chunked":
+            starts = prefill_chunk_starts(length, self.chunk_size, self.decoded_prompt_tokens)
+        else:  # longbench: one dense chunk, then the last tokens one at a time
+            starts = prefill_chunk_starts(length, length, LONGBENCH_DECODED)
+        return replace(self._geometry, chunk_starts=starts)
+
+    def _plan(self, call: AttentionCall, geometry: StreamingGeometry) -> HeadPlan:
+        row = self._modes[self._layer_row[call.layer_idx]]  # host modes: no device synchronisation
+        return HeadPlan(row.expand(call.batch_size, -1), geometry)
 
     def extra_stats(self) -> dict[str, float]:
         return {"realised_head_sparsity": float((self._modes == Mode.STREAMING).double().mean())}

@@ -37,7 +37,8 @@ LAYERS: list[tuple[str, bool, list[str]]] = [  # (layer, separate, entries)
     ("testbed runtime", False, ["elastic_bench.testbed"]),
     ("core", False, [
         "elastic_bench.interface", "elastic_bench.attention", "elastic_bench.baselines", "elastic_bench.models",
-        "elastic_bench.generation", "elastic_bench.distributed", "elastic_bench.training", "elastic_bench.results",
+        "elastic_bench.generation", "elastic_bench.distributed", "elastic_bench.training", "elastic_bench.records",
+        "elastic_bench.results",
         "elastic_bench.provenance",
     ]),
     ("method", False, ["elastic_bench.method"]),

@@ -3,6 +3,8 @@
 Backends register themselves with `register_backend(name, fn, available, priority, prefer)`. ``backend="auto"``
 takes the available backend of highest priority for the inputs' device whose ``prefer(keys)`` (if it has one) holds
 for the call's key length; ``"reference"`` is always available and is the ground truth the others are tested against.
+A plan with a chunked streaming geometry reaches a backend chunk by chunk through its dense path (`chunked`), unless
+the backend computes such plans itself (``native_chunks``: the reference, which evaluates the rule as a mask).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..plan import HeadPlan
+from .chunked import chunked_hybrid_attention
 from .naive import naive_hybrid_attention
 
 BackendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, HeadPlan, float], torch.Tensor]
@@ -25,6 +28,7 @@ class Backend:
     available: Callable[[torch.device], bool]
     priority: int
     prefer: Callable[[int], bool] | None = None
+    native_chunks: bool = False
 
 
 _BACKENDS: dict[str, Backend] = {}
@@ -36,10 +40,13 @@ def register_backend(
     available: Callable[[torch.device], bool],
     priority: int,
     prefer: Callable[[int], bool] | None = None,
+    native_chunks: bool = False,
 ) -> None:
-    """Register a backend; ``available(device)`` says whether it can run on that device, and ``prefer(keys)``, when
-    given, whether ``auto`` should take it for a call with that many keys (otherwise ``auto`` looks further down)."""
-    _BACKENDS[name] = Backend(name, fn, available, priority, prefer)
+    """Register a backend; ``available(device)`` says whether it can run on that device, ``prefer(keys)``, when
+    given, whether ``auto`` should take it for a call with that many keys (otherwise ``auto`` looks further down), and
+    ``native_chunks`` whether ``fn`` computes chunked streaming geometries itself (otherwise `hybrid_attention` runs
+    such plans chunk by chunk through ``fn``'s dense path)."""
+    _BACKENDS[name] = Backend(name, fn, available, priority, prefer, native_chunks)
 
 
 def backend_names() -> list[str]:
@@ -95,11 +102,16 @@ def hybrid_attention(
 
         Lq = 2, Lk = 5 (FULL):   1 1 1 1 0
                                  1 1 1 1 1
+
+    A chunked streaming geometry (``plan.streaming.chunk_starts``) runs on every backend: one dense call per chunk
+    over the keys its streaming heads see (`chunked.chunked_hybrid_attention`), or the backend's own implementation.
     """
     _check(q, k, v, plan)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    name = resolve_backend(backend, q.device, k.shape[2])
-    return _BACKENDS[name].fn(q, k, v, plan, scale)
+    chosen = _BACKENDS[resolve_backend(backend, q.device, k.shape[2])]
+    if plan.streaming.chunk_starts and not chosen.native_chunks:
+        return chunked_hybrid_attention(q, k, v, plan, scale, chosen.fn)
+    return chosen.fn(q, k, v, plan, scale)
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: HeadPlan) -> None:
@@ -125,9 +137,9 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: HeadPlan) ->
             )
 
 
-register_backend("reference", naive_hybrid_attention, available=lambda device: True, priority=0)
+register_backend("reference", naive_hybrid_attention, available=lambda device: True, priority=0, native_chunks=True)
 
-from . import external, flex, fused  # noqa: E402  (they import `HeadPlan` only; registered below)
+from . import external, flex, fused  # noqa: E402  (they import the plan and `chunked` only; registered below)
 
 # GPU backends, fastest first (priorities from the H200 measurements in docs/benchmarks.md, "Kernels").
 register_backend("split", fused.split_hybrid_attention, available=fused.available, priority=30,

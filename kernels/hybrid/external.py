@@ -20,6 +20,7 @@ import importlib.util
 import torch
 
 from ..plan import HeadPlan, Mode
+from .chunked import check_unchunked
 
 
 @functools.cache
@@ -39,6 +40,7 @@ def flash_attn_available(device: torch.device) -> bool:
 
 def bsa_head_arguments(plan: HeadPlan, sample: int, num_query_heads: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """``(head_mask_type int32 [Hq], streaming_info int32 [2·Hq], exact_streaming)`` of one sample's plan."""
+    check_unchunked(plan)
     G = num_query_heads // plan.num_kv_heads
     modes = plan.modes[sample].long().repeat_interleave(G)
     head_type = torch.zeros(num_query_heads, dtype=torch.int32)
@@ -102,6 +104,7 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: HeadPlan
     """
     from flash_attn import flash_attn_func
 
+    check_unchunked(plan)
     if plan.has(Mode.BLOCK_SPARSE):
         raise ValueError("flash_attn has no block-sparse mode; use triton, split, flex or block_sparse_attn")
     if plan.has(Mode.STREAMING) and plan.streaming.granularity != "token":

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..plan import HeadPlan, Mode
+from .chunked import check_unchunked
 
 LOG2E = 1.4426950408889634
 
@@ -113,6 +114,7 @@ def _fit_config(config: TileConfig | None, head_dim: int, dtype: torch.dtype, bl
 
 def streaming_params(plan: HeadPlan) -> tuple[int, int, int]:
     """(sink end, window quantum, quantum steps back) of the plan's streaming geometry (see `hybrid_fwd`)."""
+    check_unchunked(plan)
     geo, bs = plan.streaming, plan.block_size
     if geo.granularity == "token":
         return geo.sink, 1, geo.local - 1

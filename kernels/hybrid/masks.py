@@ -27,22 +27,15 @@ def causal() -> MaskFn:
 
 
 def streaming(geometry: StreamingGeometry, block_size: int = 128) -> MaskFn:
-    """Sink + local window (``(causal & window) | (causal & sink)``), token- or block-granular."""
-    if geometry.granularity == "token":
-        sink, local = geometry.sink, geometry.local
+    """Sink + local window (``(causal & window) | (causal & sink)``): token- or block-granular, or chunked-prefill
+    (`StreamingGeometry` states each rule)."""
+    sink_end = geometry.sink_end(block_size)
 
-        def mask(q, kv):
-            return (kv <= q) & ((kv < sink) | (q - kv < local))
+    def mask(q, kv):
+        return (kv <= q) & ((kv < sink_end) | (kv >= geometry.window_start(q, block_size)))
 
-        mask.__name__ = f"streaming_token_{sink}_{local}"
-    else:
-        sink_blocks, local_blocks = geometry.blocks(block_size)
-
-        def mask(q, kv):
-            qb, kb = q // block_size, kv // block_size
-            return (kv <= q) & ((kb < sink_blocks) | (qb - kb < local_blocks))
-
-        mask.__name__ = f"streaming_block_{sink_blocks}_{local_blocks}"
+    kind = "chunked" if geometry.chunk_starts else geometry.granularity
+    mask.__name__ = f"streaming_{kind}_{geometry.sink}_{geometry.local}"
     return mask
 
 

@@ -1,7 +1,8 @@
 """Plain-PyTorch hybrid attention: the ground truth for every other backend (and the CPU path).
 
 One KV head (with its G query heads) at a time, in fp32. A FULL head of a one-shot prefill is causal
-``scaled_dot_product_attention``; every other head gets an explicit boolean mask built from the `masks` predicates,
+``scaled_dot_product_attention``; every other head (a chunked-prefill STREAMING head included: the predicate is the
+rule of `StreamingGeometry` itself) gets an explicit boolean mask built from the `masks` predicates,
 chunked over queries so that a 32K-token prompt fits in CPU memory. A chunk only reads the keys its predicate can
 reach (up to its last query; for STREAMING heads the sink and the window), so sparse heads also cost less here.
 Differentiable, so CPU router training runs through it.
@@ -66,13 +67,10 @@ def naive_hybrid_attention(
 
 
 def _reachable(mode: Mode, plan: HeadPlan, first: int, last: int) -> torch.Tensor:
-    """Indices ``[n]`` of the keys that queries at positions ``first..last`` can see under ``mode``."""
+    """Indices ``[n]`` of the keys that queries at positions ``first..last`` can see under ``mode`` (window starts
+    never decrease with the position, so the first query's is the lowest)."""
     if mode != Mode.STREAMING:
         return torch.arange(last + 1)
     geometry, bs = plan.streaming, plan.block_size
-    if geometry.granularity == "token":
-        sink, low = geometry.sink, max(0, first - geometry.local + 1)
-    else:
-        sink_blocks, local_blocks = geometry.blocks(bs)
-        sink, low = sink_blocks * bs, max(0, (first // bs - local_blocks + 1) * bs)
+    sink, low = geometry.sink_end(bs), max(0, int(geometry.window_start(torch.tensor(first), bs)))
     return torch.cat([torch.arange(min(sink, low)), torch.arange(low, last + 1)])

@@ -10,9 +10,28 @@ Design decisions:
 - Scoring ("inverse" antidiagonal, stride S): ``score[t_q, t_k] = Σ_u q[t_q·S + S-1-u] · k[t_k·S + u] / (√d · S)``
   on the causal tile grid (``t_k <= t_q``), fp32 softmax over the key tiles of each query tile, summed into
   ``block_size / S`` square groups: block scores ``[B, Hq, nB, nB]``, ``nB = ceil(Lk / block_size)``.
-- Selection per query-block row ``r``: block 0 and the diagonal block ``r`` are always kept and count toward the
-  target ``τ · Σ_c score[r, c]``; blocks ``0 < c < r`` are added by descending score (ties: lower index first) while
-  the mass accumulated *before* adding one is below the target, so the crossing block is included.
+- Selection per absolute query-block row ``r`` with target ``R = τ · Σ_c score[r, c]``: the output always holds
+  block 0 and the diagonal block ``r``, never a block above the diagonal; candidates are taken by descending score
+  (ties: lower index first). Two rules (``rule``):
+  - ``"strict"``: blocks 0 and ``r`` count toward ``R``; candidates ``0 < c < r`` are added while the mass
+    accumulated *before* adding one is below ``R``, so the crossing block is included.
+  - ``"upstream"`` (default): upstream's ``find_blocks_chunked`` as ``Xattention_prefill`` calls it (causal,
+    ``keep_sink`` / ``keep_recent`` off, automatic chunk size). It is the strict rule except in the rows
+    ``1 <= r < C / block_size`` of the first estimation chunk (``C`` = `upstream_chunk_size` of ``Lk``: every row up
+    to 16K keys, the first 8192 tokens above 16K up to 32K). There upstream forces column 0, then writes the diagonal
+    "eye" over the chunk's columns ``[0, C / block_size)``, which clears column 0 again; and its running sum assumes
+    two forced blocks. Hence in those rows:
+    (a) only the diagonal counts toward ``R`` up front; block 0 is an ordinary candidate (``0 <= c < r``), yet it is
+    always in the output (upstream writes every slot it does not take into column 0);
+    (b) the running sum lags one block: the ``j``-th candidate is compared with the diagonal plus the first ``j - 2``
+    candidates (the first candidate with 0), so one candidate more than the strict count is taken whenever ``R > 0``
+    (capped at the row's candidates: upstream's pick beyond them is a zero-score block above the diagonal, which its
+    causal crop removes).
+  Row 0 is ``{0}`` and τ = 0 leaves block 0 and the diagonal under both rules. Upstream sums in float64, we in
+  float32: a row whose running sum meets ``R`` within rounding may differ by its crossing block.
+- Chunked prefill (``Lq < Lk``): upstream's estimate aligns a query chunk to key-chunk boundaries; here rows stay at
+  their absolute positions (bottom-right) and each is selected as in a one-shot prefill of the ``Lk`` keys (the
+  first-chunk rows from the chunk size of ``Lk``), so a chunk starting on a block boundary gets the one-shot rows.
 - Three implementations with one contract: plain PyTorch (``backend="reference"``, the ground truth), fused Triton
   (``backend="triton"``, `fused`), which never materialises the tile-score matrix, and cuBLAS GEMMs over
   causal chunks of that matrix with a Triton epilogue (``backend="gemm"``; it rounds the tile scores to the input
@@ -27,7 +46,19 @@ import torch
 
 from ..hybrid.fused import available as triton_available
 from ..plan import BlockSelection
-from .naive import antidiagonal_scores_naive, query_head_flags, select_blocks_naive, thresholds
+from .naive import (
+    RULES,
+    Rule,
+    antidiagonal_scores_naive,
+    first_chunk_rows,
+    query_head_flags,
+    select_blocks_naive,
+    thresholds,
+    upstream_chunk_size,
+)
+
+__all__ = ["GEMM_MIN_KEYS", "RULES", "Rule", "antidiagonal_scores", "select_blocks", "upstream_chunk_size",
+           "xattention_select"]
 
 GEMM_MIN_KEYS = 65536  # from here `auto` scores with cuBLAS (H200: Triton faster up to 48K, GEMMs from 64K)
 
@@ -40,6 +71,7 @@ def xattention_select(
     block_size: int = 128,
     heads: torch.Tensor | None = None,
     backend: str = "auto",
+    rule: Rule = "upstream",
 ) -> BlockSelection:
     """Select key blocks per (sample, query head, query block) with XAttention.
 
@@ -52,18 +84,21 @@ def xattention_select(
         heads: bool ``[B, H]``: KV heads to score (all when None); the rows of other heads are empty.
         backend: ``"auto"`` (on CUDA ``triton`` below `GEMM_MIN_KEYS` keys, ``gemm`` from there; else reference),
             ``"triton"``, ``"gemm"`` or ``"reference"``.
+        rule: selection rule, ``"upstream"`` (upstream's, first estimation chunk included) or ``"strict"``.
 
     Returns:
         `BlockSelection` with rows ``[B, Hq, ceil(Lk / block_size)]``, for `HeadPlan.blocks`.
     """
-    scores = antidiagonal_scores(q, k, stride, block_size, heads, backend)
     B, Hq, Lq, _ = q.shape
+    Lk = k.shape[2]
+    first = first_chunk_rows(rule, Lk, block_size)
+    scores = antidiagonal_scores(q, k, stride, block_size, heads, backend)
     tau, need = thresholds(threshold, Hq, q.device), query_head_flags(heads, B, Hq, q.device)
     if _backend(backend, q.device) != "reference":
         from .fused import csr_from_mask_triton, select_blocks_triton
 
-        return csr_from_mask_triton(*select_blocks_triton(scores, tau, need, Lq, k.shape[2], block_size))
-    return BlockSelection.from_dense(select_blocks_naive(scores, tau, need, Lq, k.shape[2], block_size))
+        return csr_from_mask_triton(*select_blocks_triton(scores, tau, need, Lq, Lk, block_size, first))
+    return BlockSelection.from_dense(select_blocks_naive(scores, tau, need, Lq, Lk, block_size, first))
 
 
 def _backend(backend: str, device: torch.device, k_len: int = 0) -> str:
@@ -120,13 +155,15 @@ def select_blocks(
     block_size: int = 128,
     heads: torch.Tensor | None = None,
     backend: str = "auto",
+    rule: Rule = "upstream",
 ) -> torch.Tensor:
     """Threshold selection on block scores ``[B, Hq, nB, nB]`` → bool mask ``[B, Hq, nB, nB]`` (see module doc;
-    ``gemm`` selects as ``triton``)."""
+    ``gemm`` selects as ``triton``; other arguments as `xattention_select`)."""
     B, Hq, nB, _ = scores.shape
+    first = first_chunk_rows(rule, k_len, block_size)
     tau, need = thresholds(threshold, Hq, scores.device), query_head_flags(heads, B, Hq, scores.device)
     if _backend(backend, scores.device) != "reference":
         from .fused import select_blocks_triton
 
-        return select_blocks_triton(scores, tau, need, q_len, k_len, block_size)[0]
-    return select_blocks_naive(scores, tau, need, q_len, k_len, block_size)
+        return select_blocks_triton(scores, tau, need, q_len, k_len, block_size, first)[0]
+    return select_blocks_naive(scores, tau, need, q_len, k_len, block_size, first)

@@ -15,8 +15,9 @@ reference is `naive`.
   query tiles go in causal chunks (each against the key tiles up to its last), and a Triton epilogue reduces each
   chunk's score matrix to block scores with the same two phases. Designed for long contexts, to run the scoring GEMM
   at cuBLAS speed for the price of writing and reading the causal half of the score matrix once.
-- Selection: one program per query-block row sorts the candidate scores, finds how many the mass rule takes, and
-  marks them by value with ties broken by index (the reference's stable sort).
+- Selection: one program per query-block row sorts the candidate scores, finds how many the mass rule takes (one
+  more in upstream's first chunk, where the running sum lags), and marks them by value with ties broken by index (the
+  reference's stable sort).
 """
 
 from __future__ import annotations
@@ -152,7 +153,9 @@ def _gemm_epilogue_kernel(
 
 
 @triton.jit
-def _select_kernel(Scores, Mask, Counts, Tau, Need, Hq, n_blocks, q_off, Lk, block_size, BLOCK: tl.constexpr):
+def _select_kernel(Scores, Mask, Counts, Tau, Need, Hq, n_blocks, q_off, Lk, block_size, first_rows,
+                   BLOCK: tl.constexpr):
+    """Selection of one block row (program id = (b · Hq + query head) · nB + row), as `naive.select_blocks_naive`."""
     row = tl.program_id(0)
     r = row % n_blocks
     hq = (row // n_blocks) % Hq
@@ -162,20 +165,25 @@ def _select_kernel(Scores, Mask, Counts, Tau, Need, Hq, n_blocks, q_off, Lk, blo
         return
     c = tl.arange(0, BLOCK)
     s = tl.load(Scores + row.to(tl.int64) * n_blocks + c, mask=c < n_blocks, other=0.0)
-    forced = ((c == 0) | (c == r)) & (c < n_blocks)
-    cand = (c > 0) & (c < r)
-    target = tl.load(Tau + hq) * tl.sum(s, 0) - tl.sum(tl.where(forced, s, 0.0), 0)
+    first = (r >= 1) & (r < first_rows)
+    kept = ((c == 0) | (c == r)) & (c < n_blocks)
+    counted = (c == r) | ((c == 0) & (first == 0))
+    cand = (c < r) & ((c > 0) | first)
+    required = tl.load(Tau + hq) * tl.sum(s, 0)
+    target = required - tl.sum(tl.where(counted, s, 0.0), 0)
     vals = tl.where(cand, s, -1.0)
     ordered = tl.sort(vals, descending=True)
     mass = tl.maximum(ordered, 0.0)
     before = tl.cumsum(mass, 0) - mass
     n_take = tl.sum(((ordered >= 0) & (before < target)).to(tl.int32), 0)
+    lagged = tl.minimum(n_take + (required > 0).to(tl.int32), tl.sum(cand.to(tl.int32), 0))
+    n_take = tl.where(first, lagged, n_take)  # the running sum lags one block: one more candidate
     last = tl.sum(tl.where(c == n_take - 1, ordered, 0.0), 0)
     above = cand & (vals > last)
     ties = cand & (vals == last)
     tie_rank = tl.cumsum(ties.to(tl.int32), 0) - ties.to(tl.int32)
     chosen = (n_take > 0) & (above | (ties & (tie_rank < n_take - tl.sum(above.to(tl.int32), 0))))
-    selected = (forced | chosen) & (c < n_blocks)
+    selected = kept | chosen
     tl.store(Mask + row.to(tl.int64) * n_blocks + c, selected.to(tl.int8), mask=c < n_blocks)
     tl.store(Counts + row, tl.sum(selected.to(tl.int32), 0))
 
@@ -301,16 +309,17 @@ def _chunk_tiles(n_query_tiles: int, n_key_tiles: int, rows_per_tile: int, items
 
 
 def select_blocks_triton(
-    scores: torch.Tensor, tau: torch.Tensor, need: torch.Tensor, q_len: int, k_len: int, block_size: int
+    scores: torch.Tensor, tau: torch.Tensor, need: torch.Tensor, q_len: int, k_len: int, block_size: int,
+    first_rows: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton twin of `naive.select_blocks_naive`: (bool mask ``[B, Hq, nB, nB]``, int32 row counts
+    """Triton twin of `naive.select_blocks_naive` (same arguments): (bool mask ``[B, Hq, nB, nB]``, int32 row counts
     ``[B, Hq, nB]``)."""
     B, Hq, nB, _ = scores.shape
     mask = torch.zeros(B, Hq, nB, nB, dtype=torch.int8, device=scores.device)
     counts = torch.zeros(B, Hq, nB, dtype=torch.int32, device=scores.device)
     _select_kernel[(B * Hq * nB,)](
         scores.contiguous(), mask, counts, tau, need.to(torch.uint8).contiguous(), Hq, nB, k_len - q_len, k_len,
-        block_size, BLOCK=_row_block(nB), num_warps=4,
+        block_size, first_rows, BLOCK=_row_block(nB), num_warps=4,
     )
     return mask.view(torch.bool), counts
 

@@ -6,7 +6,12 @@ one query head at a time, in fp32.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
+
+Rule = Literal["upstream", "strict"]
+RULES = ("upstream", "strict")
 
 
 def thresholds(threshold: float | torch.Tensor, num_query_heads: int, device) -> torch.Tensor:
@@ -19,6 +24,21 @@ def query_head_flags(heads: torch.Tensor | None, B: int, Hq: int, device) -> tor
     if heads is None:
         return torch.ones(B, Hq, dtype=torch.bool, device=device)
     return heads.to(device=device, dtype=torch.bool).repeat_interleave(Hq // heads.shape[1], dim=1)
+
+
+def upstream_chunk_size(k_len: int) -> int:
+    """Upstream's automatic estimation chunk in tokens for ``k_len`` keys: ``max(min(max(2048, P), 2^28 / P), 2048)``
+    with ``P`` the smallest power of two ``>= k_len`` (whole prompts up to 16K are one chunk; 20K-32K: 8192)."""
+    p = 1 << max(k_len - 1, 0).bit_length()
+    return max(min(max(2048, p), (1 << 28) // p), 2048)
+
+
+def first_chunk_rows(rule: str, k_len: int, block_size: int) -> int:
+    """How many leading absolute query-block rows follow the first-chunk rule: those in upstream's first estimation
+    chunk of a one-shot prefill of ``k_len`` keys for ``"upstream"``, none for ``"strict"``."""
+    if rule not in RULES:
+        raise ValueError(f"XAttention selection rule must be one of {', '.join(RULES)}; got {rule!r}")
+    return upstream_chunk_size(k_len) // block_size if rule == "upstream" else 0
 
 
 def rows_with_queries(q_len: int, k_len: int, block_size: int, device) -> torch.Tensor:
@@ -61,19 +81,34 @@ def antidiagonal_scores_naive(
 
 
 def select_blocks_naive(
-    scores: torch.Tensor, tau: torch.Tensor, need: torch.Tensor, q_len: int, k_len: int, block_size: int
+    scores: torch.Tensor, tau: torch.Tensor, need: torch.Tensor, q_len: int, k_len: int, block_size: int,
+    first_rows: int = 0,
 ) -> torch.Tensor:
+    """Threshold selection on block scores ``[B, Hq, nB, nB]`` → bool mask ``[B, Hq, nB, nB]``.
+
+    Args:
+        scores: ``[B, Hq, nB, nB]`` block scores (zero above the diagonal).
+        tau: ``[Hq]`` thresholds; need: bool ``[B, Hq]``, the rows to select (others stay empty).
+        q_len, k_len, block_size: as `xattention_select` (rows without a query of the call stay empty).
+        first_rows: rows ``1 <= r < first_rows`` follow the first-chunk rule (`first_chunk_rows`).
+    """
     B, Hq, nB, _ = scores.shape
     r = torch.arange(nB, device=scores.device)[:, None]
     c = torch.arange(nB, device=scores.device)[None, :]
-    forced = (c == 0) | (c == r)
-    cand = (c > 0) & (c < r)
-    target = tau[None, :, None] * scores.sum(-1) - (scores * forced).sum(-1)  # [B, Hq, nB]
+    first = (r >= 1) & (r < first_rows)  # [nB, 1]
+    kept = (c == 0) | (c == r)
+    counted = (c == r) | ((c == 0) & ~first)  # kept blocks whose mass counts before any candidate
+    cand = (c < r) & ((c > 0) | first)
+    required = tau[None, :, None] * scores.sum(-1)  # [B, Hq, nB]
+    target = required - (scores * counted).sum(-1)
     vals = torch.where(cand, scores, -1.0)
     ordered, order = vals.sort(dim=-1, descending=True, stable=True)
     mass = ordered.clamp(min=0)
     before = torch.cumsum(mass, -1) - mass
-    take = (ordered >= 0) & (before < target[..., None])
-    selected = torch.zeros_like(take).scatter_(-1, order, take) | forced
+    n_take = ((ordered >= 0) & (before < target[..., None])).sum(-1)  # the candidates taken: a prefix of `order`
+    lagged = torch.minimum(n_take + (required > 0).long(), cand.sum(-1))  # one more where the running sum lags
+    n_take = torch.where(first[:, 0], lagged, n_take)
+    take = torch.arange(nB, device=scores.device) < n_take[..., None]
+    selected = torch.zeros_like(take).scatter_(-1, order, take) | kept
     rows = need[:, :, None] & rows_with_queries(q_len, k_len, block_size, scores.device)[None, None, :]
     return selected & rows[..., None]

@@ -1,0 +1,329 @@
+"""DuoAttention's synthetic training data: multi-passkey retrieval on a haystack corpus.
+
+Upstream ``mit-han-lab/duo-attention``, ``duo_attn/data.py`` (``MultiplePasskeyRetrievalDataset``) and
+``scripts/train.sh``, re-implemented from a reading of them:
+
+- A sample is ``prompt1 + context + prompt2 + QA``: ``prompt1`` is "<|im_start|> This is a very long story book:
+  <book> " (with the tokenizer's BOS), ``prompt2`` " </book>.\\n\\n"; the context is the corpus' first tokens with
+  `PasskeyData.num_passkeys` needles inserted at sorted depths, each "\\n\\n" + "Remeber this sequence of words, it's
+  the {ordinal} passkey to the vault: " (upstream's spelling) + the passkey + "\\n\\n"; the QA part asks for every
+  passkey in order: "Based on the content of the book, what is the {ordinal} passkey to the vault?\\nPasskey: " +
+  the passkey + "\\n\\n". The loss positions are the QA part's (upstream's labels).
+- A passkey is `PasskeyData.passkey_length` words drawn from a pool (upstream: the 26 NATO-alphabet words).
+- Lengths: ``linspace(min_length, max_length, num_lengths)``, visited in a seeded random order per epoch; depths: a
+  sorted draw without replacement from ``linspace(min_depth, max_depth, depth_intervals)``.
+- One difference: here a length is the sample's *total* token count (a multiple of 16, as upstream pads to), so
+  ``max_length`` is what the model must hold; upstream's length counts the haystack tokens and caps the total at
+  ``context_length_max - 300``.
+- Every sample is a pure function of ``(seed, step, slot)``, so a resumed run sees the samples an uninterrupted one
+  sees.
+
+Instead of passkeys, ``records`` trains on prompt/answer records (`elastic_bench.records`: e.g. what ``elastic-bench
+testbed data`` writes): each sample is one record, its prompt through the tokenizer's chat template, then the answer,
+whose tokens carry the loss; records are visited in a seeded random order per epoch.
+
+The haystack: a local text, JSON (``{"text": ...}`` or a list of them, e.g. RULER's ``PaulGrahamEssays.json``) or
+JSON Lines (a ``"text"`` field per line, e.g. upstream's booksum) corpus; by default RULER's essays when the data
+directory holds ``ruler/PaulGrahamEssays.json``, else a generated one (the testbed's "The {noun} is {adjective}."
+sentences, seeded).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+NATO = tuple("alpha bravo charlie delta echo foxtrot golf hotel india juliett kilo lima mike november oscar papa "
+             "quebec romeo sierra tango uniform victor whiskey xray yankee zulu".split())
+DIGITS = tuple("0123456789")
+ORDINALS = tuple("first second third fourth fifth sixth seventh eighth ninth tenth eleventh twelfth thirteenth "
+                 "fourteenth fifteenth sixteenth seventeenth eighteenth nineteenth twentieth".split())
+PROMPT1 = "<|im_start|> This is a very long story book: <book> "
+PROMPT2 = " </book>.\n\n"
+NEEDLE = "Remeber this sequence of words, it's the {ordinal} passkey to the vault: "
+QUESTION = "Based on the content of the book, what is the {ordinal} passkey to the vault?\nPasskey: "
+SEPARATOR = "\n\n"
+MULTIPLE = 16  # sample lengths are multiples of this (upstream pads to it)
+ESSAYS = "ruler/PaulGrahamEssays.json"
+
+
+@dataclass
+class PasskeyData:
+    """The training data of the gate trainers (defaults: upstream's ``scripts/train.sh``).
+
+    Attributes:
+        haystack: the haystack corpus: a ``.txt``, ``.json`` or ``.jsonl`` file, or ``generated``; None: RULER's essays
+            (``ruler/PaulGrahamEssays.json`` under --data-dir) when present, else generated.
+        data_dir: data directory searched for RULER's essays (None: ``$ELASTIC_BENCH_DATA``).
+        min_length: shortest sample, in tokens (its total length).
+        max_length: longest sample, in tokens; at most the model's positions.
+        num_lengths: lengths between the two (``linspace``).
+        num_passkeys: passkeys per sample (at most 20).
+        passkey_length: words per passkey.
+        passkey_words: the words passkeys are drawn from: ``nato`` (upstream's), ``digits``, a file of words (one per
+            line), or ``auto`` (nato, or digits when the tokenizer spells a NATO word with its unknown token).
+        min_depth, max_depth: range of needle depths (fraction of the context).
+        depth_intervals: depths between the two (``linspace``).
+        records: prompt/answer training records (a ``.jsonl``/``.parquet`` file or a folder of them) used instead of
+            the passkey data (the length, passkey and depth options then do not apply; ``max_length`` truncates).
+    """
+
+    haystack: str | None = None
+    data_dir: str | None = None
+    min_length: int = 1000
+    max_length: int = 32000
+    num_lengths: int = 50
+    num_passkeys: int = 10
+    passkey_length: int = 32
+    passkey_words: str = "auto"
+    min_depth: float = 0.05
+    max_depth: float = 0.95
+    depth_intervals: int = 1000
+    records: str | None = None
+
+    def __post_init__(self):
+        checks = {
+            "min_length must be >= 16": self.min_length >= MULTIPLE,
+            "max_length must be >= min_length": self.max_length >= self.min_length or self.records is not None,
+            "num_lengths must be >= 1": self.num_lengths >= 1,
+            f"num_passkeys must lie in [1, {len(ORDINALS)}]": 1 <= self.num_passkeys <= len(ORDINALS),
+            "passkey_length must be >= 1": self.passkey_length >= 1,
+            "depths must satisfy 0 <= min_depth <= max_depth <= 1": 0 <= self.min_depth <= self.max_depth <= 1,
+            "depth_intervals must be >= num_passkeys": self.depth_intervals >= self.num_passkeys,
+        }
+        failed = [message for message, ok in checks.items() if not ok]
+        if failed:
+            raise ValueError("; ".join(failed))
+        if self.records is not None and not Path(self.records).exists():
+            raise FileNotFoundError(f"--records: no file or folder at {self.records}")
+        if self.haystack not in (None, "generated") and not Path(self.haystack).is_file():
+            raise FileNotFoundError(f"--haystack: no file at {self.haystack} (a .txt, .json or .jsonl corpus, or "
+                                    "'generated')")
+        if self.passkey_words not in ("auto", "nato", "digits") and not Path(self.passkey_words).is_file():
+            raise FileNotFoundError(f"--passkey-words: no file at {self.passkey_words} (auto, nato, digits or a "
+                                    "file of words)")
+
+    def haystack_source(self) -> str:
+        """Where the haystack comes from: a file path, or ``generated``."""
+        if self.haystack is not None:
+            return self.haystack
+        from elastic_bench.tasks.corpora import data_root
+
+        root = data_root(self.data_dir)
+        essays = root / ESSAYS if root else None
+        return str(essays) if essays is not None and essays.is_file() else "generated"
+
+
+@dataclass(frozen=True)
+class PasskeySample:
+    """One training sample.
+
+    Attributes:
+        input_ids: ``[T]`` token ids (``T`` a multiple of 16).
+        answer_start: where the QA part starts: positions ``answer_start … T-1`` carry the loss.
+    """
+
+    input_ids: torch.Tensor
+    answer_start: int
+
+    def answer_mask(self) -> torch.Tensor:
+        """``[T]`` bool, True on the QA part."""
+        mask = torch.zeros(len(self.input_ids), dtype=torch.bool)
+        mask[self.answer_start:] = True
+        return mask
+
+
+class PasskeySamples(torch.utils.data.Dataset):
+    """Item ``step``: the samples of the slots ``rank, rank + world_size, … < per_step`` of that step.
+
+    Args:
+        data: what to generate.
+        tokenizer: the model's tokenizer.
+        seed: seed of the sample stream.
+        per_step: samples per optimizer step, over all ranks.
+        rank, world_size: this process among the ranks.
+    """
+
+    def __init__(self, data: PasskeyData, tokenizer, seed: int, per_step: int, rank: int = 0, world_size: int = 1):
+        self.data, self.tokenizer, self.seed, self.per_step = data, tokenizer, seed, per_step
+        self.rank, self.world_size = rank, world_size
+        self.examples = _record_samples(data, tokenizer) if data.records else None
+        if self.examples is not None:
+            return
+        self.lengths = np.linspace(data.min_length, data.max_length, data.num_lengths).astype(np.int64)
+        self.depths = np.linspace(data.min_depth, data.max_depth, data.depth_intervals)
+        self.words = passkey_words(data.passkey_words, tokenizer)
+        self.haystack_tokens = haystack_tokens(data.haystack_source(), tokenizer, data.max_length, seed)
+        self._encode = {text: self.tokenizer.encode(text, add_special_tokens=False)
+                        for text in (PROMPT2, SEPARATOR)}
+        self.prompt1 = self.tokenizer.encode(PROMPT1, add_special_tokens=True)
+        shortest = self.sample(0, 0, length=int(self.lengths.min()), check=False)
+        if len(shortest.input_ids) > self.lengths.min():
+            raise ValueError(f"min_length {data.min_length} is below the {len(shortest.input_ids)} tokens that "
+                             f"{data.num_passkeys} passkeys of {data.passkey_length} words and their questions take; "
+                             "raise --min-length or lower --num-passkeys / --passkey-length")
+
+    def __getitem__(self, step: int) -> list[PasskeySample]:
+        return [self.sample(step, slot) for slot in range(self.rank, self.per_step, self.world_size)]
+
+    def sample(self, step: int, slot: int, length: int | None = None, check: bool = True) -> PasskeySample:
+        """The sample of ``slot`` at ``step`` (``length`` overrides its length)."""
+        if self.examples is not None:
+            return self.examples[self._visit(step, slot, len(self.examples))]
+        rng = np.random.default_rng([self.seed, step, slot])
+        if length is None:
+            length = int(self.lengths[self._visit(step, slot, len(self.lengths))])
+        depths = np.sort(rng.choice(self.depths, self.data.num_passkeys, replace=False))
+        keys = [self.tokenizer.encode(" ".join(rng.choice(self.words, self.data.passkey_length)),
+                                      add_special_tokens=False) for _ in range(self.data.num_passkeys)]
+        sep = self._encode[SEPARATOR]
+        needles = [self._ordinal(NEEDLE, i) + key for i, key in enumerate(keys)]
+        qa = [t for i, key in enumerate(keys) for t in self._ordinal(QUESTION, i) + key + sep]
+        overhead = len(self.prompt1) + len(self._encode[PROMPT2]) + len(qa) + sum(len(n) + 2 * len(sep)
+                                                                                   for n in needles)
+        filler = length - overhead  # haystack tokens: the total is `length` rounded down to a multiple of 16 ...
+        if filler >= length % MULTIPLE:
+            filler -= length % MULTIPLE
+        else:  # ... unless the rest alone exceeds it: then the next multiple of 16 above the rest (refused if checked)
+            filler = -overhead % MULTIPLE
+        context: list[int] = []
+        last = 0
+        hay = self.haystack_tokens[:filler]
+        for depth, needle in zip(depths, needles):
+            point = int(len(hay) * depth)
+            context += hay[last:point] + sep + needle + sep
+            last = point
+        context += hay[last:]
+        ids = self.prompt1 + context + self._encode[PROMPT2]
+        sample = PasskeySample(torch.tensor(ids + qa, dtype=torch.int64), len(ids))
+        if check and len(sample.input_ids) > self.data.max_length:
+            raise ValueError(f"a sample of {len(sample.input_ids)} tokens exceeds max_length {self.data.max_length}")
+        return sample
+
+    def _visit(self, step: int, slot: int, count: int) -> int:
+        """Which of ``count`` items the slot's sample takes: a seeded permutation per epoch."""
+        epoch, offset = divmod(step * self.per_step + slot, count)
+        return int(np.random.default_rng([self.seed, epoch, 7919]).permutation(count)[offset])
+
+    def _ordinal(self, template: str, index: int) -> list[int]:
+        text = template.format(ordinal=ORDINALS[index])
+        if text not in self._encode:
+            self._encode[text] = self.tokenizer.encode(text, add_special_tokens=False)
+        return self._encode[text]
+
+    def settings(self) -> dict:
+        """What the run's settings record about the data: the haystack's source and the passkey words."""
+        if self.examples is not None:
+            return {"records": self.data.records, "num_records": len(self.examples)}
+        return {"haystack_source": self.data.haystack_source(), "passkey_pool": list(self.words)}
+
+
+def _record_samples(data: PasskeyData, tokenizer) -> list[PasskeySample]:
+    """The records of ``data.records`` as samples (chat-template prompt + answer + EOS, at most ``max_length``)."""
+    from elastic_bench.records import read_records, to_example
+    from elastic_bench.training import tokenize
+
+    examples = [to_example(r, f"{data.records} record {i + 1}") for i, r in enumerate(read_records(data.records))]
+    if not examples:
+        raise ValueError(f"--records {data.records} holds no records")
+    categories = sorted({e.category for e in examples})
+    return [PasskeySample(t.input_ids, t.prompt_len) for t in tokenize(examples, tokenizer, categories,
+                                                                         data.max_length)]
+
+
+def passkey_words(choice: str, tokenizer) -> tuple[str, ...]:
+    """The word pool ``choice`` names (`PasskeyData.passkey_words`) for ``tokenizer``.
+
+    Raises:
+        ValueError: the pool is empty, or the tokenizer spells one of its words with its unknown token.
+    """
+    if choice == "auto":
+        return NATO if _spellable(NATO, tokenizer) else DIGITS
+    words = {"nato": NATO, "digits": DIGITS}.get(choice)
+    if words is None:
+        words = tuple(w for w in Path(choice).read_text(encoding="utf-8").split() if w)
+        if not words:
+            raise ValueError(f"--passkey-words: {choice} holds no words")
+    if not _spellable(words, tokenizer):
+        raise ValueError(f"--passkey-words {choice}: the tokenizer spells some of its words with its unknown token; "
+                         "use digits or a file of words it knows")
+    return tuple(words)
+
+
+def _spellable(words, tokenizer) -> bool:
+    unk = getattr(tokenizer, "unk_token_id", None)
+    return unk is None or all(unk not in tokenizer.encode(" " + w, add_special_tokens=False) for w in words)
+
+
+def haystack_tokens(source: str, tokenizer, max_length: int, seed: int) -> list[int]:
+    """The first tokens (at least ``max_length`` when the corpus has them) of the haystack ``source``.
+
+    Raises:
+        ValueError: the corpus file holds no text, or too little for ``max_length`` tokens.
+    """
+    chars = 4 * max_length  # grown until the text holds max_length tokens: never much more than needed
+    while True:
+        text = generated_haystack(chars, seed) if source == "generated" else _corpus_text(Path(source), chars)
+        tokens = tokenizer.encode(text[:chars], add_special_tokens=False)
+        if len(tokens) >= max_length or len(text) < chars:
+            break
+        chars *= 2
+    if len(tokens) < max_length:
+        raise ValueError(f"the haystack {source} has {len(tokens)} tokens, fewer than max_length {max_length}")
+    return tokens[:max_length]
+
+
+def generated_haystack(chars: int, seed: int) -> str:
+    """About ``chars`` characters of seeded noise sentences, "The {noun} is {adjective}." and "The {noun} {verb}."
+    (the testbed's haystack words, which every English tokenizer spells)."""
+    from elastic_bench.testbed import text
+
+    rng = np.random.default_rng([seed, 1])
+    sentences: list[str] = []
+    size = 0
+    while size < chars:
+        noun = text.NOUNS[rng.integers(len(text.NOUNS))]
+        if rng.random() < 0.5:
+            sentence = f"The {noun} is {text.ADJECTIVES[rng.integers(len(text.ADJECTIVES))]}."
+        else:
+            sentence = f"The {noun} {text.VERBS[rng.integers(len(text.VERBS))]}."
+        sentences.append(sentence)
+        size += len(sentence) + 1
+    return " ".join(sentences)
+
+
+def _corpus_text(path: Path, chars: int) -> str:
+    """The concatenated texts of a corpus file, read until ``chars`` characters."""
+    try:
+        if path.suffix == ".jsonl":
+            pieces, size = [], 0
+            with path.open(encoding="utf-8") as handle:
+                for number, line in enumerate(handle, 1):
+                    if line.strip():
+                        piece = _text_of(json.loads(line), f"{path}:{number}")
+                        pieces.append(piece)
+                        size += len(piece)
+                        if size >= chars:
+                            break
+            text = "".join(pieces)
+        elif path.suffix == ".json":
+            loaded = json.loads(path.read_text(encoding="utf-8"))
+            rows = loaded if isinstance(loaded, list) else [loaded]
+            text = "".join(_text_of(row, str(path)) for row in rows)
+        else:
+            text = path.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"--haystack {path} is not a readable text/JSON corpus: {err}") from None
+    if not text.strip():
+        raise ValueError(f"--haystack {path} holds no text")
+    return text
+
+
+def _text_of(row, where: str) -> str:
+    if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+        raise ValueError(f"{where}: expected an object with a 'text' string")
+    return row["text"]

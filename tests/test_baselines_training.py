@@ -1,0 +1,189 @@
+"""train-duo / train-prulong: the passkey data, the gated attention, both trainers on tiny:llama, their exports."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from elastic_bench import apply, get_method
+from elastic_bench.baselines.gates import binarize
+from elastic_bench.baselines.training.duo import DuoTrainConfig, TwoWay, lr_factor, train_duo
+from elastic_bench.baselines.training.mixing import GatedHeads, GateRoute
+from elastic_bench.baselines.training.passkeys import NATO, PasskeyData, PasskeySamples
+from elastic_bench.baselines.training.prulong import (
+    PruLongTrainConfig,
+    binary_masks,
+    expected_sparsity,
+    prob_zero,
+    sample_z,
+    train_prulong,
+)
+from elastic_bench.baselines.training.prulong import lr_factor as prulong_lr_factor
+from elastic_bench.cli import main
+from elastic_bench.kernels import Mode
+
+SMALL = PasskeyData(min_length=480, max_length=720, num_lengths=3, num_passkeys=2, passkey_length=8)
+
+
+def test_passkey_samples_hold_their_passkeys_and_fit(tiny_models):
+    _, tokenizer = tiny_models["llama"]
+    samples = PasskeySamples(SMALL, tokenizer, seed=3, per_step=2)
+    assert samples.words == tuple(NATO)
+    for step in range(3):
+        for sample in samples[step]:
+            ids = sample.input_ids.tolist()
+            assert len(ids) % 16 == 0 and len(ids) <= SMALL.max_length
+            text = tokenizer.decode(ids[sample.answer_start:])
+            assert text.count("Passkey:") == 2
+            for answer in text.split("Passkey:")[1:]:  # each asked passkey is in the context
+                words = answer.split()[: SMALL.passkey_length]
+                assert all(w in NATO for w in words)
+                assert " ".join(words) in tokenizer.decode(ids[: sample.answer_start])
+    again = PasskeySamples(SMALL, tokenizer, seed=3, per_step=2)
+    assert torch.equal(again[1][0].input_ids, samples[1][0].input_ids)  # a pure function of (seed, step, slot)
+    assert not torch.equal(PasskeySamples(SMALL, tokenizer, seed=4, per_step=2)[1][0].input_ids,
+                           samples[1][0].input_ids)
+    lengths = {len(samples.sample(s, 0).input_ids) for s in range(6)}
+    assert len(lengths) == 3  # every length of the grid is visited
+
+
+def test_passkey_data_refuses_what_cannot_fit(tiny_models):
+    _, tokenizer = tiny_models["llama"]
+    with pytest.raises(ValueError, match="min_length 100 is below the .* tokens"):
+        PasskeySamples(PasskeyData(min_length=100, max_length=720, num_passkeys=2, passkey_length=8), tokenizer, 0, 1)
+    with pytest.raises(ValueError, match="num_passkeys must lie in"):
+        PasskeyData(num_passkeys=21)
+    with pytest.raises(FileNotFoundError, match="--haystack"):
+        PasskeyData(haystack="/no/such/corpus.txt")
+
+
+def test_haystack_files_and_the_testbed_tokenizer(tmp_path, tiny_models):
+    from elastic_bench.models import load_model
+
+    _, tokenizer = tiny_models["llama"]
+    corpus = tmp_path / "books.jsonl"
+    corpus.write_text("\n".join(json.dumps({"text": "Once upon a time there was a story. " * 40}) for _ in range(5)))
+    samples = PasskeySamples(PasskeyData(**{**SMALL.__dict__, "haystack": str(corpus)}), tokenizer, 0, 1)
+    assert "Once upon a time" in tokenizer.decode(samples[0][0].input_ids)
+    _, testbed_tokenizer = load_model("testbed", device="cpu")
+    assert PasskeySamples(SMALL, testbed_tokenizer, 0, 1).words == tuple("0123456789")  # NATO words are unknown
+
+
+def test_two_way_forward_distills_nothing_at_alpha_one_and_streams_at_zero(tiny_models):
+    model, tokenizer = tiny_models["llama"]
+    ids = PasskeySamples(SMALL, tokenizer, 0, 1)[0][0].input_ids
+    method = GatedHeads(sink=4, local=16, granularity="token", two_way=True)
+    with torch.no_grad(), apply(method, model):
+        ones = TwoWay(model)(ids, GateRoute(torch.ones(2, 2)))
+        zeros = TwoWay(model)(ids, GateRoute(torch.zeros(2, 2)))
+    torch.testing.assert_close(ones[1], ones[0])
+    with torch.no_grad(), apply(get_method("streaming", sink=4, local=16), model):
+        streamed = model.base_model(input_ids=ids[None]).last_hidden_state[0]
+    torch.testing.assert_close(zeros[1], streamed, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(zeros[0], ones[0])  # the teacher row never changes
+
+
+def test_schedules_follow_upstream():
+    assert [round(lr_factor(s, 100), 3) for s in (0, 9, 19, 50, 85, 99)] == [0.1, 0.5, 1.0, 1.0, 0.75, 0.1]
+    config = PruLongTrainConfig(steps=100)
+    assert prulong_lr_factor(0, config) == 0.0 and prulong_lr_factor(5, config) == 0.5
+    assert prulong_lr_factor(10, config) == 1.0 and math.isclose(prulong_lr_factor(100, config), 0.01)
+
+
+def test_hard_concrete_distribution():
+    log_alpha = torch.tensor([-3.0, 0.0, 4.0])
+    u = torch.rand(20000, 3, generator=torch.Generator().manual_seed(0)).clamp(1e-8, 1 - 1e-8)
+    z = sample_z(log_alpha.expand(20000, 3), u)
+    assert float(z.min()) >= 0.0 and float(z.max()) <= 1.0
+    torch.testing.assert_close((z == 0).float().mean(0), prob_zero(log_alpha), atol=0.01, rtol=0)
+    assert expected_sparsity(torch.full((4, 2), 4.0)) < 0.01  # PruLong's initial masks are all open
+    masks = binary_masks(torch.tensor([[3.0, -1.0], [2.0, 5.0]]), sparsity=0.5)
+    assert masks.tolist() == [[1.0, 0.0], [0.0, 1.0]]
+
+
+def _duo_config(tmp_path, **kw):
+    return DuoTrainConfig(model="tiny:llama", output=str(tmp_path / "duo"), data=SMALL, steps=3, save_every=2,
+                          sink=16, local=64, lr=0.1, **kw)
+
+
+def test_train_duo_moves_alpha_and_its_file_drives_duo_attention(tmp_path, tiny_models):
+    config = _duo_config(tmp_path)
+    gates, run = train_duo(config, progress=False)
+    assert run.complete and len(run.log) == 3
+    assert gates.shape == (2, 2) and (gates < 1.0).any() and ((gates >= 0) & (gates <= 1)).all()
+    assert all(r["distill_loss"] >= 0 and r["reg_loss"] > 0 for r in run.log)
+    saved = np.loadtxt(tmp_path / "duo" / "full_attention_heads.tsv", delimiter="\t")
+    np.testing.assert_allclose(saved, gates)
+    settings = json.loads((tmp_path / "duo" / "config.json").read_text())
+    assert settings["steps_done"] == 3 and settings["lr"] == 0.1 and settings["haystack_source"] == "generated"
+
+    model, tokenizer = tiny_models["llama"]
+    ids = tokenizer("a b c d e f g h " * 20, return_tensors="pt").input_ids
+    method = get_method("duo_attention", pattern=str(tmp_path / "duo"), sparsity=0.5, local=16)
+    with torch.no_grad(), apply(method, model) as handle:
+        model(ids)
+    expected = np.where(binarize(gates, 0.5), Mode.FULL, Mode.STREAMING)
+    assert handle.decisions()[0].tolist() == expected.tolist()
+
+    again, rerun = train_duo(config, progress=False)  # complete: resumes at the end, trains nothing
+    assert rerun.start == 3 and np.array_equal(again, gates)
+    with pytest.raises(ValueError, match="different configuration .*reg_weight"):
+        train_duo(_duo_config(tmp_path, reg_weight=0.5), progress=False)
+
+
+def test_duo_attention_with_every_gate_one_equals_full(tmp_path, tiny_models):
+    model, tokenizer = tiny_models["qwen3"]
+    path = tmp_path / "full_attention_heads.tsv"
+    np.savetxt(path, np.ones((2, model.config.num_key_value_heads)), delimiter="\t")
+    ids = tokenizer("the quick brown fox " * 40, return_tensors="pt").input_ids
+    with torch.no_grad():
+        with apply(get_method("full"), model):
+            full = model(ids).logits
+        with apply(get_method("duo_attention", pattern=str(path), sparsity=None, local=8), model):
+            duo = model(ids).logits
+    torch.testing.assert_close(duo, full)
+
+
+def test_train_prulong_moves_toward_its_target_and_exports_binary_masks(tmp_path, tiny_models):
+    config = PruLongTrainConfig(model="tiny:llama", output=str(tmp_path / "pl"), data=SMALL, steps=6, batch_size=2,
+                                save_every=3, sink=16, local=64, target=0.5, sparsity_warmup=0.0, warmup=0.0)
+    masks, run = train_prulong(config, progress=False)
+    first, last = run.log[0], run.log[-1]
+    assert last["expected_sparsity"] > first["expected_sparsity"]  # toward the target 0.5 from ~0
+    assert last["lambda1"] < 0 < last["lambda2"]  # the multipliers ascend while sparsity lies below the target
+    assert sorted(masks.flatten().tolist()) == [0.0, 0.0, 1.0, 1.0]
+    log_alpha = np.loadtxt(tmp_path / "pl" / "log_alpha.tsv", delimiter="\t")
+    assert not np.allclose(log_alpha, 4.0, atol=0.05)  # the masks moved
+    model, tokenizer = tiny_models["llama"]
+    ids = tokenizer("a b c d e f g h " * 20, return_tensors="pt").input_ids
+    with torch.no_grad(), apply(get_method("prulong", pattern=str(tmp_path / "pl"), local=16), model) as handle:
+        model(ids)
+    assert handle.decisions()[0].tolist() == np.where(masks == 1, Mode.FULL, Mode.STREAMING).tolist()
+
+
+def test_gate_commands_check_their_inputs_before_loading(capsys):
+    assert main(["train-duo", "--model", "testbed", "--max-length", "9000"]) == 2
+    assert "exceeds the 4096 positions of testbed" in capsys.readouterr().err
+    assert main(["train-prulong", "--target", "1.5"]) == 2
+    assert "target must lie in [0, 1)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["train-prulong", "--help"])
+    assert exit_.value.code == 0 and "--sparsity-warmup" in capsys.readouterr().out
+
+
+def test_records_replace_the_passkeys(tmp_path, tiny_models):
+    _, tokenizer = tiny_models["llama"]
+    records = tmp_path / "records.jsonl"
+    records.write_text("\n".join(json.dumps({"prompt": f"question {i}?", "answer": f"answer {i}", "category": "qa"})
+                                 for i in range(3)))
+    samples = PasskeySamples(PasskeyData(records=str(records), max_length=64), tokenizer, seed=0, per_step=3)
+    batch = samples[0]
+    assert sorted(tokenizer.decode(s.input_ids[s.answer_start:], skip_special_tokens=True) for s in batch) == [
+        "answer 0", "answer 1", "answer 2"]  # one epoch visits every record once
+    assert samples.settings() == {"records": str(records), "num_records": 3}
+    with pytest.raises(FileNotFoundError, match="--records"):
+        PasskeyData(records=str(tmp_path / "missing.jsonl"))
