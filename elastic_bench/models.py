@@ -1,6 +1,9 @@
 """Model loading: a local path or hub id, the tiny random models ``tiny:qwen3`` / ``tiny:llama``, ``testbed``, or
 ``random:<preset>``.
 
+A local path is a transformers folder (with config.json), a GGUF file, or a folder holding one GGUF file; a GGUF
+checkpoint is dequantized in memory by transformers (``gguf_file``; the ``gguf`` package reads it).
+
 The tiny models are random weights from a small config (seeded), with tokenizers built offline: byte-level for
 ``tiny:qwen3``, a small subword (byte-level BPE) vocabulary trained on the spot for ``tiny:llama``, so tests see two
 tokenizers of different granularity. They need no download and exist for tests and smoke runs. ``testbed`` is the
@@ -11,7 +14,9 @@ byte-level tokenizer).
 
 from __future__ import annotations
 
+import json
 import re
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -77,7 +82,8 @@ def load_model(spec: str, dtype: torch.dtype | None = None, device: str | torch.
     """Load ``(model, tokenizer)`` for ``spec``.
 
     Args:
-        spec: ``tiny:qwen3``, ``tiny:llama``, ``testbed``, a local directory, or a Hugging Face hub id.
+        spec: ``tiny:qwen3``, ``tiny:llama``, ``testbed``, ``random:<preset>``, a local transformers folder, a GGUF
+            file (or a folder holding one; dequantized to ``dtype`` in memory), or a Hugging Face hub id.
         dtype: weights dtype; bf16 on CUDA and fp32 on CPU by default.
         device: ``"cuda"``, ``"cpu"``, ...; CUDA when available by default (checked with `check_device`).
 
@@ -99,34 +105,136 @@ def load_model(spec: str, dtype: torch.dtype | None = None, device: str | torch.
             raise did_you_mean("model", spec, NAMED_MODELS)
         model, tokenizer = random_model(preset, device, dtype), byte_tokenizer()
     else:
-        path = _resolve_path(spec)
+        path, gguf = _resolve_path(spec), gguf_file(spec)
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device)
+        if gguf:
+            with _gguf_errors(gguf):
+                tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+                model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=dtype,
+                                                             attn_implementation="sdpa")
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+        model.to(device)
     model.eval()
     return model, tokenizer
 
 
 def _resolve_path(spec: str) -> str:
+    """The folder or hub id holding model ``spec`` (a GGUF file's folder for a GGUF checkpoint).
+
+    Raises:
+        FileNotFoundError: the testbed is missing, or a folder holds neither config.json nor a ``.gguf`` file.
+        ValueError: an unknown name, a file that is not GGUF, or a folder of several ``.gguf`` files.
+    """
     if spec == "testbed":
         if not (TESTBED_DIR / "config.json").exists():
             raise FileNotFoundError(f"the testbed checkpoint is missing from this installation ({TESTBED_DIR})")
         return str(TESTBED_DIR)
     if Path(spec).exists():
+        gguf = gguf_file(spec)
+        if gguf:
+            return str(gguf.parent)
         if not (Path(spec) / "config.json").exists():
-            raise FileNotFoundError(f"{spec} is a path but holds no config.json: not a transformers model directory")
+            raise FileNotFoundError(f"{spec} is a path but holds no config.json and no .gguf file: not a transformers "
+                                    "model directory nor a GGUF checkpoint")
         return spec
     if re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
         return spec  # a hub id; transformers reports a clear error when it cannot be reached
     raise did_you_mean("model", spec, NAMED_MODELS + ["<local path>", "<hub org/name>"])
 
 
+GGUF_MAGIC = b"GGUF"  # the first bytes of every GGUF file
+
+
+def gguf_file(spec: str) -> Path | None:
+    """The GGUF checkpoint ``spec`` names: a GGUF file, or a folder without config.json holding exactly one ``.gguf``
+    file; None for anything else (named models, hub ids, transformers folders, missing paths).
+
+    Raises:
+        ValueError: ``spec`` is a file but not a GGUF one, or a folder holding several ``.gguf`` files.
+    """
+    path = Path(spec)
+    if path.is_dir():
+        if (path / "config.json").exists():
+            return None
+        found = sorted(path.glob("*.gguf"))
+        if len(found) > 1:
+            raise ValueError(f"{spec} holds {len(found)} GGUF files ({', '.join(f.name for f in found)}): "
+                             "give the path of the one to load")
+        if not found:
+            return None
+        path = found[0]
+    elif not path.is_file():
+        return None
+    with path.open("rb") as f:
+        if f.read(len(GGUF_MAGIC)) != GGUF_MAGIC:
+            raise ValueError(f"{path} is not a GGUF file (it does not start with {GGUF_MAGIC!r}): give a .gguf file, "
+                             "a model folder or a hub id")
+    return path
+
+
+def _require_gguf():
+    """The ``gguf`` package, which reads GGUF files (for transformers too).
+
+    Raises:
+        ValueError: it is not installed (one line saying how to install it).
+    """
+    try:
+        import gguf
+    except ImportError:
+        raise ValueError("reading a GGUF checkpoint needs the gguf package: pip install gguf") from None
+    return gguf
+
+
+@contextmanager
+def _gguf_errors(path: Path):
+    """Checks that ``gguf`` is installed, then turns what transformers raises for a GGUF checkpoint it cannot load (an
+    unsupported architecture or tokenizer, a truncated file) into one ValueError naming the file."""
+    _require_gguf()
+    try:
+        yield
+    except (ValueError, KeyError, IndexError, NotImplementedError, OSError, ImportError) as err:
+        lines = str(err).strip().splitlines() or [type(err).__name__]
+        raise ValueError(f"transformers cannot load the GGUF checkpoint {path}: {lines[0]}") from None
+
+
+def gguf_metadata(path: Path, *keys: str) -> dict:
+    """The values of the metadata ``keys`` present in GGUF file ``path`` (read from its header, not its tensors)."""
+    reader = _require_gguf().GGUFReader(path, "r")
+    return {key: reader.fields[key].contents() for key in keys if key in reader.fields}
+
+
 def model_label(spec: str) -> str:
-    """A folder-safe name for ``spec`` (``tiny:qwen3`` → ``tiny-qwen3``, ``org/name`` → ``org--name``)."""
+    """A folder-safe name for ``spec`` (``tiny:qwen3`` → ``tiny-qwen3``, ``org/name`` → ``org--name``); for a local
+    checkpoint the model's own name where its files state one (a GGUF's ``general.name``, a config.json's
+    ``_name_or_path`` that is a name, not a path), else the GGUF file's stem or the folder's name."""
     if Path(spec).exists():
-        spec = Path(spec).resolve().name
+        gguf = gguf_file(spec)
+        if gguf:
+            name = gguf_metadata(gguf, "general.name").get("general.name")
+            return (_folder_safe(name) if isinstance(name, str) else "") or gguf.stem
+        return _folder_safe(_config_name(Path(spec)) or "") or Path(spec).resolve().name
     return spec.replace("tiny:", "tiny-").replace("/", "--")
+
+
+def _config_name(folder: Path) -> str | None:
+    """The ``_name_or_path`` of ``folder``'s config.json where it is a model name (``org/name`` or ``name``), not a
+    path (absolute, or existing here) or empty; None otherwise."""
+    try:
+        name = json.loads((folder / "config.json").read_text()).get("_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(name, str) or not re.fullmatch(r"[\w-][\w.-]*(/[\w-][\w.-]*)?", name) or Path(name).exists():
+        return None
+    return name
+
+
+def _folder_safe(name: str) -> str:
+    """``name`` as one folder name: ``/`` → ``--``, runs of other characters unsafe in paths → ``-``, no leading dot
+    (``""`` when nothing is left)."""
+    return re.sub(r"[^\w.+-]+", "-", name.strip().replace("/", "--")).lstrip(".")
 
 
 def _config(arch: str, **fields):
@@ -239,11 +347,25 @@ def model_dir(spec: str) -> str:
 
 
 def max_positions(spec: str) -> int:
-    """The positions model ``spec`` was trained for (its config's ``max_position_embeddings``), read without loading
-    the weights."""
+    """The positions model ``spec`` was trained for (its config's ``max_position_embeddings``; a GGUF's
+    ``<arch>.context_length``), read without loading the weights. For a GGUF checkpoint this also checks that
+    transformers can load its architecture (a ValueError otherwise)."""
     if spec.startswith(("tiny:", "random:")):
         return _config("llama").max_position_embeddings
     from transformers import AutoConfig
 
+    gguf = gguf_file(spec)
+    if gguf:
+        with _gguf_errors(gguf):
+            return int(AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name).max_position_embeddings)
     return int(AutoConfig.from_pretrained(model_dir(spec)).max_position_embeddings)
+
+
+def model_context(config) -> dict:
+    """The context a model was built for, as a cell records it: its transformers config's
+    ``max_position_embeddings`` and rope parameters (``rope_parameters``, or ``rope_scaling`` in older configs:
+    type, theta, scaling factor, original length, ...), JSON-normalised."""
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    context = {"max_position_embeddings": getattr(config, "max_position_embeddings", None), "rope": rope}
+    return json.loads(json.dumps(context, default=str))
 

@@ -40,7 +40,8 @@ class RunConfig:
     """What to evaluate (the options of ``elastic-bench run``; a ``--config`` YAML file holds the same fields).
 
     Attributes:
-        model: tiny:qwen3, tiny:llama, testbed, random:llama-3.1-8b, random:qwen3-8b, a local model folder or a hub id.
+        model: tiny:qwen3, tiny:llama, testbed, random:llama-3.1-8b, random:qwen3-8b, a local model folder, a GGUF
+            file (or a folder holding one) or a hub id.
         methods: comma-separated method names (see `elastic-bench methods`).
         method_options: per-method knobs, ``{"streaming": {"local": 256}}`` (on the command line: ``-O
             streaming.local=256``).
@@ -127,7 +128,7 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
 
     from elastic_bench.distributed import Ranks
     from elastic_bench.files import exclusive
-    from elastic_bench.models import load_model, max_positions, model_dir, model_label
+    from elastic_bench.models import load_model, max_positions, model_context, model_dir, model_label
 
     built = config.build_methods()
     task_names = task_registry.expand(config.tasks)
@@ -154,6 +155,7 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
         ranks.barrier()
         dtype = getattr(torch, config.dtype) if config.dtype else None
         model, tokenizer = load_model(config.model, dtype=dtype, device=ranks.device(config.device))
+        context = model_context(model.config)
         stop_ids = _stop_ids(model, tokenizer)
         rows = []
         for task_name in task_names:
@@ -173,9 +175,10 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
                     fingerprint = {**fingerprints[method.label()], "length": length}
                     if error:
                         if ranks.is_main:
-                            _fail(cell, config, method, fingerprint, error)
+                            _fail(cell, config, method, fingerprint, context, error)
                     else:
-                        _run_cell(model, tokenizer, task, samples, method, cell, config, fingerprint, stop_ids, ranks)
+                        _run_cell(model, tokenizer, task, samples, method, cell, config, fingerprint, context, stop_ids,
+                                  ranks)
                 rows.extend(summary_row(cell) for cell in cells)
     return rows
 
@@ -219,8 +222,10 @@ def _check_cell(cell: Cell, fingerprint: dict[str, Any], strict: bool) -> None:
     cell.clear()
 
 
-def _cell_config(config: RunConfig, method: Method, fingerprint: dict[str, Any], task: str, length: int,
-                 n: int) -> dict[str, Any]:
+def _cell_config(config: RunConfig, method: Method, fingerprint: dict[str, Any], context: dict[str, Any], task: str,
+                 length: int, n: int) -> dict[str, Any]:
+    """What a cell's config.json and metrics.json record of its configuration; ``context`` is the model's context
+    length and rope parameters (`elastic_bench.models.model_context`), recorded beside the fingerprint, not in it."""
     from elastic_bench.provenance import provenance
 
     return {
@@ -231,12 +236,14 @@ def _cell_config(config: RunConfig, method: Method, fingerprint: dict[str, Any],
         "num_samples": n,
         "backend": config.backend,
         "allow_extrapolation": config.allow_extrapolation,
+        "model_context": context,
         "fingerprint": fingerprint,
         **provenance(config.device),
     }
 
 
-def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunConfig, fingerprint, stop_ids, ranks):
+def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunConfig, fingerprint, context, stop_ids,
+              ranks):
     import torch
     from tqdm.auto import tqdm
 
@@ -244,7 +251,7 @@ def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunCo
     from elastic_bench.attention import apply
 
     if ranks.is_main:
-        cell.start(_cell_config(config, method, fingerprint, task.name, cell.length, len(samples)))
+        cell.start(_cell_config(config, method, fingerprint, context, task.name, cell.length, len(samples)))
     ranks.barrier()
     done = {r["id"] for r in cell.predictions()}
     mine = [s for s in samples if s.id not in done][ranks.rank :: ranks.world_size]
@@ -273,11 +280,11 @@ def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunCo
         if not errors and not math.isfinite(scores.get("score", math.nan)):
             errors = [f"the score is not a number ({scores.get('score')})"]
         if errors:
-            _fail(cell, config, method, fingerprint, "; ".join(errors))
+            _fail(cell, config, method, fingerprint, context, "; ".join(errors))
         else:
             cell.finish(
                 {
-                    **_cell_config(config, method, fingerprint, task.name, cell.length, len(records)),
+                    **_cell_config(config, method, fingerprint, context, task.name, cell.length, len(records)),
                     "status": "complete",
                     "method_label": method.label(),
                     **backends_used(records),
@@ -339,11 +346,12 @@ def _mean(records: list[dict[str, Any]], key: str) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def _fail(cell: Cell, config: RunConfig, method: Method, fingerprint: dict[str, Any], error: str) -> None:
+def _fail(cell: Cell, config: RunConfig, method: Method, fingerprint: dict[str, Any], context: dict[str, Any],
+          error: str) -> None:
     print(f"elastic-bench: cell {cell.dir} failed: {error}", file=sys.stderr)
     cell.dir.mkdir(parents=True, exist_ok=True)
     done = len(cell.predictions())
-    config_fields = _cell_config(config, method, fingerprint, cell.task, cell.length, done)
+    config_fields = _cell_config(config, method, fingerprint, context, cell.task, cell.length, done)
     cell.finish({"status": "failed", "error": error, "num_samples_done": done, **config_fields})
 
 

@@ -1,68 +1,232 @@
-"""The lm-evaluation-harness bridge: `ElasticLM` requests under a method, and `elastic-bench lm-eval` end to end."""
+"""The lm-evaluation-harness bridge: `ElasticLM` requests under a method, batch-size invariance, lm-eval's own command
+line (in-process) on the local tasks of `tests/fixtures/lm_eval`, the sparsity file, argument checking, registration."""
 
 from __future__ import annotations
 
+import glob
+import importlib.metadata
 import json
-import os
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("lm_eval", reason="the [lm-eval] extra is not installed (`make test` installs it)")
 from lm_eval.api.instance import Instance  # noqa: E402
+from lm_eval.api.registry import Registry  # noqa: E402
 
-from elastic_bench.lm_eval_bridge import ElasticLM  # noqa: E402
+from elastic_bench.cli import main  # noqa: E402
+from elastic_bench.lm_eval_bridge import ElasticLM, cli  # noqa: E402
+from elastic_bench.models import load_model  # noqa: E402
 
-REQUESTS = [("The grass is green. The sky is blue. " * 6, " The sun is yellow."), ("a b c d e f g h i j " * 5, " k")]
+FIXTURES = Path(__file__).parent / "fixtures" / "lm_eval"
+TASKS = {"toy_generate": "generate_until", "toy_loglikelihood": "loglikelihood", "toy_rolling": "loglikelihood_rolling",
+         "toy_choice": "loglikelihood"}  # multiple_choice tasks send loglikelihood requests
+DOCS = [json.loads(line) for line in (FIXTURES / "docs.jsonl").read_text().splitlines()]
+# Every registered method, with knobs that make it sparse on the fixtures' short documents.
+METHODS = {
+    "full": {},
+    "streaming": {"method_sink": 2, "method_local": 8},
+    "duo_attention": {"method_sparsity": 0.5, "method_sink": 2, "method_local": 8},
+    "prulong": {"method_sparsity": 0.5, "method_sink": 2, "method_local": 8},
+    "xattention": {"method_block_size": 16, "method_stride": 4, "method_threshold": 0.5},
+    "elastic": {"method_router": "untrained", "method_mode": "fa-ssa", "method_sink": 2, "method_local": 8,
+                "method_granularity": "token"},
+}
+GATED = ("duo_attention", "prulong")  # methods that read a gate file (`pattern`)
 
 
-def loglikelihoods(**model_args) -> list[float]:
-    lm = ElasticLM(pretrained="tiny:qwen3", device="cpu", **model_args)
+@pytest.fixture(scope="module")
+def gates(tmp_path_factory) -> str:
+    """A gate file for tiny:llama's 2 layers × 2 KV heads."""
+    path = tmp_path_factory.mktemp("gates") / "full_attention_heads.tsv"
+    np.savetxt(path, np.array([[1.0, 0.1], [0.2, 0.9]]), delimiter="\t")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> str:
+    """tiny:llama saved as a folder, so that lm-eval's own `hf` model can load the same weights."""
+    path = tmp_path_factory.mktemp("tiny_llama")
+    model, tokenizer = load_model("tiny:llama", device="cpu")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def model_args(name: str, gates: str) -> dict:
+    return {"method": name, **METHODS[name], **({"method_pattern": gates} if name in GATED else {})}
+
+
+def requests() -> dict[str, list[Instance]]:
+    """One batch of each request type from the fixture documents, of varied lengths."""
+    def make(kind, args):
+        return [Instance(kind, {}, a, i, metadata=(f"toy_{kind}", i, 1)) for i, a in enumerate(args)]
+
+    return {
+        "loglikelihood": make("loglikelihood", [(d["prompt"], c) for d in DOCS for c in d["choices"][:2]]),
+        "loglikelihood_rolling": make("loglikelihood_rolling", [(d["text"],) for d in DOCS]),
+        "generate_until": make("generate_until", [(d["prompt"], {"until": ["\n"], "max_gen_toks": 2}) for d in DOCS]),
+    }
+
+
+def run_requests(batch_size: int, **args) -> tuple[dict[str, list], dict]:
+    lm = ElasticLM(pretrained="tiny:llama", device="cpu", batch_size=batch_size, **args)
     try:
-        instances = [Instance("loglikelihood", {}, args, i) for i, args in enumerate(REQUESTS)]
-        return [logprob for logprob, _ in lm.loglikelihood(instances, disable_tqdm=True)]
+        outputs = {kind: getattr(lm, kind)(batch, disable_tqdm=True) for kind, batch in requests().items()}
+        return outputs, lm.sparsity
     finally:
         lm.close()
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_batch_size_changes_no_loglikelihood_generation_or_sparsity(name, gates):
+    one, sparsity_one = run_requests(1, **model_args(name, gates))
+    four, sparsity_four = run_requests(4, **model_args(name, gates))
+    assert [lp for lp, _ in four["loglikelihood"]] == pytest.approx([lp for lp, _ in one["loglikelihood"]], abs=1e-4)
+    assert four["loglikelihood_rolling"] == pytest.approx(one["loglikelihood_rolling"], abs=1e-4)
+    assert four["generate_until"] == one["generate_until"]
+    for key, stats in sparsity_one.items():  # each row's ΩMSR/ΩESR is its own, whatever its neighbours
+        for stat in ("omega_msr", "omega_esr", "num_samples"):
+            assert sparsity_four[key][stat] == pytest.approx(stats[stat], abs=1e-9), (key, stat)
+    if name != "full":
+        assert sparsity_one["toy_loglikelihood/loglikelihood"]["omega_msr"] > 0
+        assert sparsity_one["toy_loglikelihood_rolling/loglikelihood_rolling"]["omega_esr"] > 0
 
 
 def test_method_changes_loglikelihoods_only_when_it_drops_keys():
+    def loglikelihoods(**args):
+        return [lp for lp, _ in run_requests(2, **args)[0]["loglikelihood"]]
+
     full = loglikelihoods(method="full")
-    covering = loglikelihoods(method="streaming", method_sink=4, method_local=4096)
+    assert loglikelihoods(method="streaming", method_sink=4, method_local=4096) == pytest.approx(full, abs=1e-4)
     narrow = loglikelihoods(method="streaming", method_sink=2, method_local=8)
-    assert covering == pytest.approx(full, abs=1e-4)
-    assert all(abs(a - b) > 1e-3 for a, b in zip(narrow, full))
+    assert max(abs(a - b) for a, b in zip(narrow, full)) > 1e-3
 
 
-def test_generation_runs_under_the_method_and_records_sparsity():
-    lm = ElasticLM(pretrained="tiny:qwen3", device="cpu", method="streaming", method_local=8, batch_size=2)
+def lm_eval_run(tmp_path, monkeypatch, entry, model: str, args: str, *extra: str) -> Path:
+    """Run lm-eval's command line in-process on the fixture tasks (``entry``: lm-eval's own `cli_evaluate` or the
+    wrapper `cli`); returns the folder lm-eval wrote its results in."""
+    monkeypatch.chdir(FIXTURES)  # the tasks' data_files are relative to it
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / model
+    argv = ["--model", model, "--model_args", args, "--tasks", ",".join(TASKS), "--include_path", str(FIXTURES),
+            "--output_path", str(out), "--log_samples", *extra]
+    if entry is cli:
+        assert cli(argv) == 0
+    else:
+        monkeypatch.setattr(sys, "argv", ["lm_eval", *argv])
+        entry()
+    (folder,) = out.iterdir()
+    return folder
+
+
+def samples(folder: Path, task: str) -> list[dict]:
+    (path,) = glob.glob(str(folder / f"samples_{task}_*.jsonl"))
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def test_lm_eval_cli_full_equals_hf_and_writes_sparsity_beside_the_results(tmp_path, monkeypatch, tiny_llama):
+    from lm_eval.__main__ import cli_evaluate
+
+    elastic = lm_eval_run(tmp_path, monkeypatch, cli, "elastic", f"pretrained={tiny_llama},method=full,dtype=float32",
+                          "--batch_size", "4")  # no --device: lm-eval's default cuda:0 falls back to the CPU
+    hf = lm_eval_run(tmp_path, monkeypatch, cli_evaluate, "hf", f"pretrained={tiny_llama},dtype=float32",
+                     "--batch_size", "4", "--device", "cpu")
+    for task, kind in TASKS.items():
+        ours, theirs = samples(elastic, task), samples(hf, task)
+        if kind == "generate_until":
+            assert [s["resps"] for s in ours] == [s["resps"] for s in theirs]
+        else:
+            flat = [float(r[0][0] if kind == "loglikelihood" else r[0]) for s in ours for r in s["resps"]]
+            ref = [float(r[0][0] if kind == "loglikelihood" else r[0]) for s in theirs for r in s["resps"]]
+            assert flat == pytest.approx(ref, abs=1e-5), task
+    # lm-eval's own entry function in-process knows `elastic` too (this process imported elastic_bench)
+    plain = lm_eval_run(tmp_path / "plain", monkeypatch, cli_evaluate, "elastic",
+                        f"pretrained={tiny_llama},method=full,dtype=float32", "--batch_size", "4")
+    assert [s["resps"] for s in samples(plain, "toy_loglikelihood")] == [
+        s["resps"] for s in samples(elastic, "toy_loglikelihood")]
+    (results,) = elastic.glob("results_*.json")
+    sparsity = json.loads((elastic / results.name.replace("results_", "sparsity_")).read_text())
+    assert sparsity["method"] == {"name": "full", "label": "full", "options": {}}
+    assert set(sparsity["sparsity"]) == {f"{task}/{kind}" for task, kind in TASKS.items()}
+    assert all(s["omega_msr"] == 0.0 and s["num_samples"] > 0 for s in sparsity["sparsity"].values())
+    assert json.loads(results.read_text())["config"]["elastic_bench"] == sparsity
+
+
+def test_sparsity_file_matches_the_handle_per_task(tmp_path, monkeypatch, gates):
+    import lm_eval
+    from lm_eval.loggers import EvaluationTracker
+    from lm_eval.tasks import TaskManager
+
+    monkeypatch.chdir(FIXTURES)
+    lm = ElasticLM(pretrained="tiny:llama", device="cpu", batch_size=4, **model_args("streaming", gates))
+    tracker = EvaluationTracker(output_path=str(tmp_path))
+    tasks = TaskManager(include_path=str(FIXTURES), include_defaults=False)
     try:
-        requests = [Instance("generate_until", {}, (ctx, {"until": ["\n"], "max_gen_toks": 3}), i)
-                    for i, (ctx, _) in enumerate(REQUESTS)]
-        outputs = lm.generate_until(requests, disable_tqdm=True)
-        assert len(outputs) == 2 and all(isinstance(o, str) for o in outputs)
-        assert lm.handle.stats()["omega_msr"] == 1.0
+        for task in ("toy_rolling", "toy_loglikelihood"):
+            results = lm_eval.simple_evaluate(model=lm, tasks=[task], task_manager=tasks, evaluation_tracker=tracker)
+            tracker.save_results_aggregated(results=results, samples=None)
+            (path,) = tmp_path.glob(f"*/sparsity_{tracker.date_id}.json")
+            written = json.loads(path.read_text())["sparsity"][f"{task}/{TASKS[task]}"]
+            stats = lm.handle.stats()  # the statistics of the task that ran last
+            assert written["num_samples"] == stats["num_samples"] > 0
+            assert written["omega_esr"] == pytest.approx(stats["omega_esr"]) and written["omega_msr"] == 1.0
     finally:
         lm.close()
-    assert lm.model.config._attn_implementation == "sdpa"
 
 
-def test_cli_runs_an_offline_task(tmp_path):
-    (tmp_path / "toy.jsonl").write_text('{"prompt": "a b c", "answer": "d"}\n{"prompt": "x y", "answer": "z"}\n')
-    (tmp_path / "toy.yaml").write_text(
-        "task: toy_copy\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
-        f"    test: {tmp_path / 'toy.jsonl'}\ntest_split: test\noutput_type: generate_until\n"
-        'doc_to_text: "{{prompt}}"\ndoc_to_target: "{{answer}}"\n'
-        'generation_kwargs:\n  until: ["\\n"]\n  max_gen_toks: 4\nmetric_list:\n  - metric: exact_match\n'
+@pytest.mark.parametrize("args, message", [
+    ("methd=streaming", "unknown model argument of `elastic` (method 'full') 'methd'; did you mean method"),
+    ("method=streaming,method_local=many", "method_local must be"),
+])
+def test_bad_model_arguments_end_in_one_line_and_exit_status_2(args, message, capsys):
+    status = main(["lm-eval", "run", "--model", "elastic", "--model_args", f"pretrained=tiny:llama,{args}",
+                   "--tasks", "toy_generate", "--include_path", str(FIXTURES)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and message in err[-1] and err[-1].startswith("elastic-bench: error:")
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"method": "streaming", "method_lcoal": 8}, "'method_lcoal'; did you mean method_local"),
+    ({"method": "streaming", "dtype": "float33"}, "dtype must be auto or a torch dtype name"),
+    ({"kernel_backnd": "auto"}, "did you mean kernel_backend"),
+])
+def test_bad_model_arguments_are_refused_by_name(args, message):
+    with pytest.raises(ValueError, match=message):
+        ElasticLM(pretrained="tiny:llama", device="cpu", **args)
+
+
+def test_model_arguments_are_typed_and_lm_evals_own_pass_through():
+    lm = ElasticLM(pretrained="tiny:llama", method="streaming", method_sparse_decode="no", method_local="16",
+                   backend="causal", dtype="auto", device=None)
+    try:
+        assert lm.method.sparse_decode is False and lm.method.local == 16 and lm.backend == "causal"
+    finally:
+        lm.close()
+
+
+def test_lm_eval_discovers_elastic_through_its_entry_point():
+    # lm-eval releases with EleutherAI/lm-evaluation-harness#4013 register each entry point of the group
+    # `lm_eval.models` as a lazy placeholder of their model registry; this does what that discovery does, with the
+    # entry points this installation declares (pyproject.toml).
+    found = {point.name: point for point in importlib.metadata.entry_points(group="lm_eval.models")}
+    assert found["elastic"].value == "elastic_bench.lm_eval_bridge:ElasticLM"
+    registry = Registry("model")
+    registry.register("elastic", target=found["elastic"])
+    assert registry.get("elastic") is ElasticLM
+
+
+def test_import_elastic_bench_registers_elastic_for_lm_evals_python_api():
+    code = (
+        "import sys, elastic_bench\n"
+        "assert 'lm_eval' not in sys.modules and 'torch' not in sys.modules\n"
+        "from lm_eval.api.registry import get_model\n"
+        "from lm_eval.models.huggingface import HFLM\n"
+        "assert get_model('elastic').__name__ == 'ElasticLM' and get_model('hf') is HFLM\n"
     )
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "elastic_bench", "lm-eval", "run", "--model", "elastic", "--model_args",
-         "pretrained=tiny:qwen3,method=streaming,method_local=8", "--device", "cpu", "--tasks", "toy_copy",
-         "--include_path", str(tmp_path), "--output_path", str(tmp_path / "out")],
-        capture_output=True, text=True, env=env, cwd=tmp_path,
-    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
-    (results,) = (tmp_path / "out").glob("*/results_*.json")
-    data = json.loads(results.read_text())
-    assert "toy_copy" in data["results"] and data["config"]["model"] == "elastic"

@@ -1,11 +1,13 @@
-"""Model specs: tiny random models, real-shape random presets, labels, and errors."""
+"""Model specs: tiny random models, real-shape random presets, labels, context records, and errors."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 
-from elastic_bench.models import load_model, model_label
+from elastic_bench.models import load_model, model_context, model_label
 
 
 def test_tiny_models_are_seeded_and_offline():
@@ -31,3 +33,23 @@ def test_unknown_specs_name_valid_ones(spec):
 def test_labels_are_folder_safe():
     assert model_label("tiny:qwen3") == "tiny-qwen3"
     assert model_label("meta-llama/Llama-3.1-8B-Instruct") == "meta-llama--Llama-3.1-8B-Instruct"
+
+
+@pytest.mark.parametrize("name_or_path, label", [
+    ("org/Model-1B", "org--Model-1B"),  # the model's own name
+    ("Model-1B", "Model-1B"),
+    ("/scratch/run3/ckpt", "ckpt-7"),  # a path on the machine that saved it: the folder's name
+    ("", "ckpt-7"),
+    (None, "ckpt-7"),
+])
+def test_a_folder_is_labelled_by_its_config_name(tmp_path, name_or_path, label):
+    folder = tmp_path / "ckpt-7"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "_name_or_path": name_or_path}))
+    assert model_label(str(folder)) == label
+
+
+def test_the_context_record_holds_positions_and_rope(tiny_models):
+    model, _ = tiny_models["llama"]
+    assert model_context(model.config) == {"max_position_embeddings": 1 << 18,
+                                           "rope": {"rope_theta": 1e6, "rope_type": "default"}}

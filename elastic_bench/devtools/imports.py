@@ -44,7 +44,8 @@ LAYERS: list[tuple[str, bool, list[str]]] = [  # (layer, separate, entries)
     ("method", False, ["elastic_bench.method"]),
     ("testbed tooling", False, ["elastic_bench.testbed.training"]),
     ("front", False, [
-        "elastic_bench.cli", "elastic_bench.runner", "elastic_bench.lm_eval_bridge", "elastic_bench.__main__",
+        "elastic_bench.cli", "elastic_bench.runner", "elastic_bench.lm_eval_bridge",
+        "elastic_bench.lm_eval_registration", "elastic_bench.__main__",
         "elastic_bench.bench", "elastic_bench",
     ]),
     ("devtools", False, ["elastic_bench.devtools"]),
