@@ -568,7 +568,8 @@ def config_classes(command: str) -> list[type]:
 
 
 SKIPPED = {"run": ("method_options",)}  # given as -O METHOD.OPTION=VALUE (and in --config files)
-FLAGS = {"train-router": ROUTER_FLAGS}
+FLAGS = {"train-router": ROUTER_FLAGS, "train-duo": {"local": "--local-window"},
+         "train-prulong": {"local": "--local-window"}}  # torchrun would take --local for its --local-addr
 POSITIONAL = {"report": ("run_dir",)}
 
 DESCRIPTIONS: dict[str, tuple[str, str, Callable[[Any], int]]] = {

@@ -187,3 +187,31 @@ def test_records_replace_the_passkeys(tmp_path, tiny_models):
     assert samples.settings() == {"records": str(records), "num_records": 3}
     with pytest.raises(FileNotFoundError, match="--records"):
         PasskeyData(records=str(tmp_path / "missing.jsonl"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["train-duo", "train-prulong"])
+def test_two_processes_on_gloo_give_the_gates_of_one(command, tmp_path):
+    """torchrun with 2 CPU ranks (gloo, FSDP2 over the frozen model), one sample each, against one process with both
+    samples of each step."""
+    import os
+    import subprocess
+    import sys
+
+    args = [command, "--model", "tiny:llama", "--steps", "2", "--batch-size", "2", "--min-length", "480",
+            "--max-length", "720", "--num-lengths", "3", "--num-passkeys", "2", "--passkey-length", "8", "--sink",
+            "16", "--local-window", "64", "--device", "cpu", "--no-progress"]
+    if command == "train-prulong":
+        args += ["--warmup", "0", "--sparsity-warmup", "0", "--target", "0.5"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([sys.executable, "-m", "elastic_bench", *args, "--output", str(tmp_path / "one")],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "-m", "elastic_bench", *args, "--output", str(tmp_path / "two")],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert two.returncode == 0, two.stderr[-2000:]
+    name = "full_attention_heads.tsv" if command == "train-duo" else "log_alpha.tsv"
+    a, b = (np.loadtxt(tmp_path / d / name, delimiter="\t") for d in ("one", "two"))
+    assert not np.allclose(a, 1.0 if command == "train-duo" else 4.0, atol=1e-3)  # the gates moved
+    np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)

@@ -43,7 +43,7 @@ OUT_OF_RANGE = {
     "bench kernel": [("--seed", "-5"), ("--cells", "bogus")],
     "train-router": [("--seed", "-5"), ("--steps", "0"), ("--max-minutes", "-1"), ("--xa-threshold", "2")],
     "train-duo": [("--steps", "0"), ("--initial-value", "2"), ("--num-passkeys", "30"), ("--min-depth", "-1")],
-    "train-prulong": [("--target", "1"), ("--batch-size", "0"), ("--sparsity-warmup", "2"), ("--local", "0")],
+    "train-prulong": [("--target", "1"), ("--batch-size", "0"), ("--sparsity-warmup", "2"), ("--local-window", "0")],
     "testbed train": [("--seed", "-5"), ("--steps", "0"), ("--max-minutes", "-3"), ("--task-weights", "nope=1")],
     "testbed data": [("--samples", "0"), ("--seed", "-5"), ("--lengths", "-1")],
     "testbed eval": [("--samples", "0"), ("--local", "0"), ("--sink", "-1"), ("--lengths", "0")],

@@ -122,8 +122,9 @@ class HeadGates(Method):
     """Retrieval heads FULL, the other KV heads streaming (static, from a learned gate file).
 
     Args:
-        pattern: folder or TSV of gates; ``"auto"``: ``head_gates.tsv`` in the model directory, else a shipped
-            DuoAttention pattern matching the model name.
+        pattern: folder or TSV of gates (e.g. the output folder of ``train-duo`` / ``train-prulong``); ``"auto"``:
+            ``head_gates.tsv`` in the model directory, else (``duo_attention`` only) a shipped DuoAttention pattern
+            matching the model name.
         sparsity: fraction of KV heads made streaming (global quantile); None thresholds the gates at 0.5.
         seed: seed of the tie-breaking noise.
         sink: streaming sink tokens.

@@ -93,14 +93,14 @@ class GateObjective(Objective):
     and ``settings()``, what ``config.json`` records beyond the configuration.
     """
 
+    command: str = ""  # the trainer's command, e.g. "train-duo"
+    two_way: bool = False  # DuoAttention's teacher/student forward (`GatedHeads.two_way`)
     gate_format: str = "%.18e"  # numpy.savetxt format of the exported gates (upstream DuoAttention's)
+    loading_seconds: float | None = None  # set by `run_gate_training`: loading the model and the data
 
     def __init__(self, config: GateTrainConfig, model: nn.Module, samples: PasskeySamples, device: torch.device,
                  ranks: Ranks):
         self.config, self.model, self.samples, self.device, self.ranks = config, model, samples, device, ranks
-
-    command: str = ""  # the trainer's command, e.g. "train-duo"
-    loading_seconds: float | None = None  # set by `run_gate_training`: loading the model and the data
 
     def gates(self) -> np.ndarray:
         raise NotImplementedError
@@ -143,23 +143,22 @@ def load_frozen(config: GateTrainConfig, ranks: Ranks) -> tuple[nn.Module, Any, 
     return model, tokenizer, next(model.parameters()).device
 
 
-def run_gate_training(config: GateTrainConfig, objective_class: type[GateObjective], two_way: bool,
-                      progress: bool = True, max_minutes: float | None = None) -> tuple[GateObjective, RunResult]:
+def run_gate_training(config: GateTrainConfig, objective_class: type[GateObjective], progress: bool = True,
+                      max_minutes: float | None = None) -> tuple[GateObjective, RunResult]:
     """Train (or resume) gates as configured into ``config.output``; returns the objective and the engine's result.
 
     Args:
         config: the run.
         objective_class: the trainer's objective.
-        two_way: DuoAttention's teacher/student forward (`GatedHeads.two_way`).
         progress: show a progress bar (rank 0).
         max_minutes: stop after this many minutes of training, after a checkpoint; the same call resumes.
     """
     ranks = Ranks.from_env(config.device)
     with exclusive(config.output, f"elastic-bench {objective_class.command}", enabled=ranks.is_main):
-        return _run(config, objective_class, two_way, progress, max_minutes, ranks)
+        return _run(config, objective_class, progress, max_minutes, ranks)
 
 
-def _run(config, objective_class, two_way, progress, max_minutes, ranks):
+def _run(config, objective_class, progress, max_minutes, ranks):
     from elastic_bench.attention import apply, attention_modules
     from elastic_bench.training import shard, training_backend
 
@@ -179,7 +178,7 @@ def _run(config, objective_class, two_way, progress, max_minutes, ranks):
         shard(objective.root, model, device)
     options = RunOptions(output=config.output, save_every=config.save_every, max_minutes=max_minutes,
                          progress=progress)
-    method = GatedHeads(config.sink, config.local, config.granularity, two_way)
+    method = GatedHeads(config.sink, config.local, config.granularity, objective_class.two_way)
     objective.loading_seconds = time.perf_counter() - began
     with apply(method, model, backend=backend) as handle:
         objective.handle = handle

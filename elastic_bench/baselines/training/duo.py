@@ -94,6 +94,7 @@ class DuoObjective(GateObjective):
     """DuoAttention's distillation objective on the engine (see the module docstring)."""
 
     command = "train-duo"
+    two_way = True
 
     def __init__(self, config: DuoTrainConfig, model, samples, device, ranks):
         super().__init__(config, model, samples, device, ranks)
@@ -162,6 +163,6 @@ def train_duo(config: DuoTrainConfig, progress: bool = True, max_minutes: float 
     Returns:
         ``(gates [L, H] as numpy, the engine's RunResult)``.
     """
-    objective, run = run_gate_training(config, DuoObjective, two_way=True, progress=progress,
+    objective, run = run_gate_training(config, DuoObjective, progress=progress,
                                        max_minutes=max_minutes)
     return objective.gates(), run

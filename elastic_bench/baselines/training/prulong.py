@@ -250,6 +250,6 @@ def train_prulong(config: PruLongTrainConfig, progress: bool = True, max_minutes
     Returns:
         ``(0/1 masks [L, H] as numpy, the engine's RunResult)``.
     """
-    objective, run = run_gate_training(config, PruLongObjective, two_way=False, progress=progress,
+    objective, run = run_gate_training(config, PruLongObjective, progress=progress,
                                        max_minutes=max_minutes)
     return objective.gates(), run
