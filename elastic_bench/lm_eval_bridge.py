@@ -241,8 +241,10 @@ def _device(spec: str | None) -> torch.device:
 
 def _dtype(spec: str | torch.dtype | None) -> torch.dtype | None:
     """The weights dtype ``spec`` names; None (the loader's default) for ``"auto"`` or None."""
-    if spec is None or spec == "auto" or isinstance(spec, torch.dtype):
-        return spec if isinstance(spec, torch.dtype) else None
+    if isinstance(spec, torch.dtype):
+        return spec
+    if spec is None or spec == "auto":
+        return None
     dtype = getattr(torch, str(spec), None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"dtype must be auto or a torch dtype name (bfloat16, float16, float32), got {spec!r}")

@@ -215,3 +215,12 @@ def test_two_processes_on_gloo_give_the_gates_of_one(command, tmp_path):
     a, b = (np.loadtxt(tmp_path / d / name, delimiter="\t") for d in ("one", "two"))
     assert not np.allclose(a, 1.0 if command == "train-duo" else 4.0, atol=1e-3)  # the gates moved
     np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_an_unusable_training_backend_is_refused_before_the_model_loads(monkeypatch, capsys, tmp_path):
+    def loaded(*args, **kwargs):
+        raise AssertionError("the model loaded")
+
+    monkeypatch.setattr("elastic_bench.models.load_model", loaded)
+    assert main(["train-duo", "--backend", "flex", "--device", "cpu", "--output", str(tmp_path / "duo")]) == 2
+    assert "attention backend 'flex' is not available on cpu" in capsys.readouterr().err

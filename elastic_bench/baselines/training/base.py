@@ -131,16 +131,16 @@ def export(objective: GateObjective, step: int) -> None:
     })
 
 
-def load_frozen(config: GateTrainConfig, ranks: Ranks) -> tuple[nn.Module, Any, torch.device]:
-    """``(model, tokenizer, device)``: the model loaded on this rank's device, parameters frozen."""
+def load_frozen(config: GateTrainConfig, device: torch.device) -> tuple[nn.Module, Any]:
+    """``(model, tokenizer)``: the model loaded on ``device``, parameters frozen."""
     from elastic_bench.models import load_model
 
     dtype = getattr(torch, config.dtype) if config.dtype else None
-    model, tokenizer = load_model(config.model, dtype=dtype, device=ranks.device(config.device))
+    model, tokenizer = load_model(config.model, dtype=dtype, device=device)
     model.requires_grad_(False)
     if config.gradient_checkpointing:
         enable_gradient_checkpointing(model)
-    return model, tokenizer, next(model.parameters()).device
+    return model, tokenizer
 
 
 def run_gate_training(config: GateTrainConfig, objective_class: type[GateObjective], progress: bool = True,
@@ -160,6 +160,7 @@ def run_gate_training(config: GateTrainConfig, objective_class: type[GateObjecti
 
 def _run(config, objective_class, progress, max_minutes, ranks):
     from elastic_bench.attention import apply, attention_modules
+    from elastic_bench.models import check_device
     from elastic_bench.training import shard, training_backend
 
     from .mixing import GatedHeads
@@ -167,8 +168,10 @@ def _run(config, objective_class, progress, max_minutes, ranks):
     if config.batch_size % ranks.world_size:
         raise ValueError(f"batch_size={config.batch_size} is not a multiple of the {ranks.world_size} ranks")
     began = time.perf_counter()
-    model, tokenizer, device = load_frozen(config, ranks)
-    backend = training_backend(config.backend, device)
+    device = check_device(ranks.device(config.device))
+    backend = training_backend(config.backend, device)  # refused before the model loads
+    model, tokenizer = load_frozen(config, device)
+    device = next(model.parameters()).device  # with its index (``cuda`` → ``cuda:0``)
     layers = [m.layer_idx for m in attention_modules(model)]
     if layers != list(range(len(layers))):
         raise ValueError(f"{objective_class.command} needs attention layers numbered 0…L-1, got {layers}")

@@ -265,11 +265,12 @@ def haystack_tokens(source: str, tokenizer, max_length: int, seed: int) -> list[
     Raises:
         ValueError: the corpus file holds no text, or too little for ``max_length`` tokens.
     """
-    chars = 4 * max_length  # grown until the text holds max_length tokens: never much more than needed
+    budget = 16 * max_length  # characters: enough for max_length tokens of any tokenizer
+    text = generated_haystack(budget, seed) if source == "generated" else _corpus_text(Path(source), budget)
+    chars = 4 * max_length  # the encoded prefix grows until it holds max_length tokens: never much more than needed
     while True:
-        text = generated_haystack(chars, seed) if source == "generated" else _corpus_text(Path(source), chars)
         tokens = tokenizer.encode(text[:chars], add_special_tokens=False)
-        if len(tokens) >= max_length or len(text) < chars:
+        if len(tokens) >= max_length or chars >= len(text):
             break
         chars *= 2
     if len(tokens) < max_length:
