@@ -12,6 +12,9 @@ $(STAMP): pyproject.toml
 	if ! command -v nvidia-smi >/dev/null 2>&1 && ! $(PY) -c "import torch" 2>/dev/null; then \
 		$(PY) -m pip install -q torch==2.13.0; fi
 	$(PY) -m pip install -q -e ".[test]"
+	# Headless Chromium for the report page's test (skipped without it); never fails the install where apt-get can't.
+	command -v chromium >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1 || \
+		{ apt-get update -qq && apt-get install -y -qq chromium; } >/dev/null 2>&1 || true
 	touch $(STAMP)
 
 install: $(STAMP)

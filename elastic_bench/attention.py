@@ -10,6 +10,10 @@ Design decisions:
 - Pre-RoPE keys (the Elastic router's input) are captured by forward hooks on ``k_norm`` (Qwen3) or ``k_proj``, only
   for methods that ask for them.
 - The active handle is attached to each attention module for the duration of `apply`; nothing is global.
+- Decoding: inside `apply`, a forward that starts with an empty `DynamicCache` (what ``generate`` and the harness
+  pass) gets a `PackedCache` instead (``kv_cache="evicting"`` or ``"full"``). Each layer is packed by the method's
+  decode plan right after its prefill attention, and every decode step attends the packed rows in one call
+  (`elastic_bench.kernels.decode`). ``kv_cache="dynamic"`` keeps transformers' cache and the prefill kernels at decode.
 """
 
 from __future__ import annotations
@@ -24,10 +28,13 @@ from torch import nn
 
 from elastic_bench.interface import AttentionCall, Method
 from elastic_bench.kernels import SparsityMeter, pair_counts, resolve_backend
+from elastic_bench.kernels.decode import decode_attention
+from elastic_bench.kv_cache import CACHE_KEYWORDS, PackedCache, PackedLayer
 
 ATTN_NAME = "elastic_bench"
 _HANDLE = "_elastic_bench_handle"
 _KEYS = "_elastic_bench_pre_rope_keys"
+KV_CACHES = ("evicting", "full", "dynamic")
 
 
 def padding_mask(
@@ -88,15 +95,39 @@ def attention_modules(model: nn.Module) -> list[nn.Module]:
 class MethodHandle:
     """What `apply` returns: the active method, its statistics and its per-layer decisions."""
 
-    def __init__(self, method: Method, model: nn.Module, backend: str):
-        self.method, self.model, self.backend = method, model, backend
+    def __init__(self, method: Method, model: nn.Module, backend: str, kv_cache: str = "evicting"):
+        if kv_cache not in KV_CACHES:
+            raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHES)}, got {kv_cache!r}")
+        self.method, self.model, self.backend, self.kv_cache = method, model, backend, kv_cache
         self.meter = SparsityMeter()
         self.prefill_backends: Counter[str] = Counter()
+        self.cache: PackedCache | None = None  # the packed cache of the running forward
+        self.cache_bytes: tuple[int, int] | None = None  # (held, a DynamicCache's) after the last cached forward
 
     def reset(self) -> None:
         """Forget the samples recorded so far (call between prompts)."""
         self.meter.reset()
         self.prefill_backends.clear()
+        self.cache_bytes = None
+
+    def begin_forward(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        """Forward pre-hook: a new meter forward, and a `PackedCache` in place of an empty `DynamicCache`."""
+        from transformers import DynamicCache
+
+        self.meter.new_forward()
+        name = next((n for n in CACHE_KEYWORDS if kwargs.get(n) is not None), None)
+        past = kwargs[name] if name else None
+        if self.kv_cache != "dynamic" and type(past) is DynamicCache and past.get_seq_length() == 0 \
+                and kwargs.get("cu_seq_lens_q") is None:
+            past = kwargs[name] = PackedCache(evict=self.kv_cache == "evicting")
+        self.cache = past if isinstance(past, PackedCache) else None
+        return args, kwargs
+
+    def end_forward(self) -> None:
+        """Forward hook: remember what the cache holds (it is released with the generation)."""
+        if self.cache is not None:
+            self.cache_bytes = (self.cache.nbytes(), self.cache.full_nbytes())
+        self.cache = None
 
     def stats(self) -> dict[str, Any]:
         """``omega_msr``, ``omega_esr``, ``omega_esr_last_row`` (means over samples), ``per_sample`` values,
@@ -107,8 +138,9 @@ class MethodHandle:
             key: sum(s[key] for s in per_sample) / len(per_sample) if per_sample else float("nan")
             for key in ("omega_msr", "omega_esr", "omega_esr_last_row")
         }
+        cache = {"kv_bytes": self.cache_bytes[0], "kv_bytes_full": self.cache_bytes[1]} if self.cache_bytes else {}
         return {**means, "num_samples": len(per_sample), "per_sample": per_sample,
-                "prefill_backends": dict(self.prefill_backends), **self.method.extra_stats()}
+                "prefill_backends": dict(self.prefill_backends), **cache, **self.method.extra_stats()}
 
     def decisions(self) -> torch.Tensor:
         """Prefill modes ``[N, L, H]`` (`Mode` values) of the N samples recorded since the last reset."""
@@ -125,6 +157,35 @@ class MethodHandle:
         kwargs: dict[str, Any],
     ) -> torch.Tensor:
         """Plan and compute one layer's attention; returns ``[B, Hq, Lq, D]``."""
+        layer = self.cache.layers[module.layer_idx] if self.cache is not None else None
+        if layer is not None and layer.packed is not None:
+            return decode_attention(query, layer.packed, scaling, self.backend)
+        out = self._attend(module, query, key, value, mask, scaling, kwargs)
+        if layer is not None and (query.shape[2] == key.shape[2] or query.shape[2] == 1):  # a prefill, or a decode
+            self._pack(layer, module, query, key, value, mask)  # step that follows caller-fed chunks
+        return out
+
+    def _pack(self, layer: PackedLayer, module: nn.Module, query, key, value, mask, evict: bool | None = None) -> None:
+        B = query.shape[0]
+        call = AttentionCall(module, query[:, :, -1:], key, value, None, list(range(B)))
+        starts = [0] * B if mask is None else (mask.shape[1] - mask.sum(1)).tolist()  # left padding (checked)
+        layer.pack(self.method.decode_plan(call), starts, evict=self.cache.evict if evict is None else evict)
+
+    def pack_cache(self, cache, evict: bool) -> PackedCache:
+        """A `PackedCache` of the unpadded prompt in transformers' ``cache`` (after a prefill under this handle), packed
+        by the method's decode plans as the glue packs each layer after its prefill; ``cache`` is left as it was."""
+        packed = PackedCache(evict=evict)
+        for module in attention_modules(self.model):
+            dense = cache.layers[module.layer_idx]
+            layer = PackedLayer()
+            layer.update(dense.keys, dense.values)
+            B, H, _, D = dense.keys.shape
+            query = dense.keys.new_empty((B, H * (module.config.num_attention_heads // H), 1, D))
+            self._pack(layer, module, query, dense.keys, dense.values, None, evict)
+            packed.layers.append(layer)
+        return packed
+
+    def _attend(self, module, query, key, value, mask, scaling, kwargs) -> torch.Tensor:
         keys = getattr(module, _KEYS, None) if self.method.needs_pre_rope_keys else None
         route = kwargs.get("training_route")
         pieces = _pieces(query, key, mask, kwargs)
@@ -187,13 +248,19 @@ def _capture_keys(module: nn.Module, num_kv_heads: int, head_dim: int):
 
 
 @contextmanager
-def apply(method: Method, model: nn.Module, backend: str = "auto") -> Iterator[MethodHandle]:
+def apply(
+    method: Method, model: nn.Module, backend: str = "auto", kv_cache: str = "evicting"
+) -> Iterator[MethodHandle]:
     """Run ``model`` with ``method`` inside the block; restores the previous attention implementation on exit.
 
     Args:
         method: a method from `elastic_bench.get_method`.
         model: a loaded transformers causal LM.
-        backend: kernel backend for `hybrid_attention` (``"auto"``, ``"reference"``, ``"triton"``, ...).
+        backend: kernel backend for `hybrid_attention` (``"auto"``, ``"reference"``, ``"triton"``, ...); decode steps
+            over a packed cache take the decode kernel it maps to (`elastic_bench.kernels.decode`).
+        kv_cache: what a generation decodes with: ``"evicting"`` (a `PackedCache` whose STREAMING heads keep sink +
+            window only), ``"full"`` (a `PackedCache` keeping every token; streaming heads decode by mask, as
+            upstream) or ``"dynamic"`` (transformers' `DynamicCache`, attended by the prefill kernels).
 
     Yields:
         A `MethodHandle`: ``handle.stats()`` gives ΩMSR/ΩESR, ``handle.decisions()`` the per-layer modes.
@@ -206,9 +273,11 @@ def apply(method: Method, model: nn.Module, backend: str = "auto") -> Iterator[M
     """
     register_attention()
     modules = attention_modules(model)
-    handle = MethodHandle(method, model, backend)
+    handle = MethodHandle(method, model, backend, kv_cache)
     method.setup(model)
-    hooks = [model.register_forward_pre_hook(lambda *_: handle.meter.new_forward())]
+    hooks = [model.register_forward_pre_hook(lambda _, args, kwargs: handle.begin_forward(args, kwargs),
+                                             with_kwargs=True),
+             model.register_forward_hook(lambda *_: handle.end_forward())]
     try:
         for module in modules:
             setattr(module, _HANDLE, handle)

@@ -15,6 +15,7 @@ import importlib
 import json
 import shlex
 import sys
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,6 +126,28 @@ class ReportConfig:
 
     run_dir: str
     output: str | None = None
+
+
+@dataclass
+class CompareConfig:
+    """``elastic-bench compare``.
+
+    Attributes:
+        runs: two or more run folders (each the --output of `elastic-bench run`), side by side.
+        output: folder for the comparison files (none: compare-RUN_A-RUN_B… beside RUN_A).
+    """
+
+    runs: list[str]
+    output: str | None = None
+
+    def __post_init__(self):
+        if len(self.runs) < 2:
+            raise ValueError(f"compare needs two or more run folders, got {len(self.runs)}")
+        resolved = [Path(r).resolve() for r in self.runs]
+        if len(set(resolved)) < len(resolved):
+            raise ValueError(f"a run folder is given twice: {' '.join(self.runs)}")
+        if self.output is not None:
+            _folder_output(self.output)
 
 
 @dataclass(kw_only=True)
@@ -317,6 +340,7 @@ def _list_tasks(args) -> int:
 
 def _demo(args) -> int:
     from elastic_bench.interface import method_names
+    from elastic_bench.models import TESTBED_DIR
     from elastic_bench.reports import load_cells, summarize, write_report
     from elastic_bench.runner import RunConfig, format_rows, run
 
@@ -331,6 +355,12 @@ def _demo(args) -> int:
     report = Path(config.output) / "report"
     write_report(summarize(load_cells(config.output)), report, source=str(config.output))
     print(f"demo results written to {config.output}; report: {report / 'report.html'} and {report / 'report.md'}")
+    # The router target sweep that chose the shipped router (H200, 50 samples per cell; docs/testbed.md), precomputed:
+    # its frontier places a router per target among the static baselines.
+    sweep = Path(config.output) / "sweep_report"
+    write_report(summarize(load_cells(TESTBED_DIR / "sweep_run")), sweep,
+                 source="the testbed's router target sweep (elastic_bench/data/testbed/sweep_run, one H200)")
+    print(f"router target sweep (precomputed): {sweep / 'report.html'} and {sweep / 'report.md'}")
     return 0 if all(r["status"] == "complete" for r in rows) else 1
 
 
@@ -342,6 +372,19 @@ def _report(args) -> int:
     _folder_output(output, "--output" if config.output else "the report folder")
     written = write_report(summarize(load_cells(config.run_dir)), output, source=config.run_dir)
     print(f"report written to {output / 'report.html'} and {output / 'report.md'} ({len(written)} files)")
+    return 0
+
+
+def _compare(args) -> int:
+    from elastic_bench.reports import compare, load_cells, run_names, write_report
+
+    config = from_args(CompareConfig, args)
+    names = run_names(config.runs)
+    cells = [c for run, name in zip(config.runs, names) for c in load_cells(run, run=name)]
+    output = Path(config.output) if config.output else Path(config.runs[0]).parent / "-".join(["compare", *names])
+    _folder_output(output, "--output" if config.output else "the comparison folder")
+    written = write_report(compare(cells), output, source=", ".join(config.runs))
+    print(f"comparison written to {output / 'report.html'} and {output / 'report.md'} ({len(written)} files)")
     return 0
 
 
@@ -372,6 +415,12 @@ def _bench_prefill(args) -> int:
     from elastic_bench.bench.prefill import PrefillBenchConfig, format_table, run_prefill_bench
 
     return _bench(args, PrefillBenchConfig, run_prefill_bench, format_table)
+
+
+def _bench_decode(args) -> int:
+    from elastic_bench.bench.decode import DecodeBenchConfig, format_table, run_decode_bench
+
+    return _bench(args, DecodeBenchConfig, run_decode_bench, format_table)
 
 
 def _train_router(args) -> int:
@@ -543,8 +592,10 @@ CONFIGS: dict[str, tuple[type | str, ...]] = {
     "run": ("elastic_bench.runner:RunConfig",),
     "demo": (DemoConfig,),
     "report": (ReportConfig,),
+    "compare": (CompareConfig,),
     "bench kernel": ("elastic_bench.kernels.bench:KernelBenchConfig",),
     "bench prefill": ("elastic_bench.bench.prefill:PrefillBenchConfig",),
+    "bench decode": ("elastic_bench.bench.decode:DecodeBenchConfig",),
     "train-router": ("elastic_bench.method.trainer:TrainConfig", TrainRun),
     "train-duo": ("elastic_bench.baselines.training.duo:DuoTrainConfig", TrainRun),
     "train-prulong": ("elastic_bench.baselines.training.prulong:PruLongTrainConfig", TrainRun),
@@ -570,7 +621,7 @@ def config_classes(command: str) -> list[type]:
 SKIPPED = {"run": ("method_options",)}  # given as -O METHOD.OPTION=VALUE (and in --config files)
 FLAGS = {"train-router": ROUTER_FLAGS, "train-duo": {"local": "--local-window"},
          "train-prulong": {"local": "--local-window"}}  # torchrun would take --local for its --local-addr
-POSITIONAL = {"report": ("run_dir",)}
+POSITIONAL = {"report": ("run_dir",), "compare": ("runs",)}  # a list field takes one or more words
 
 DESCRIPTIONS: dict[str, tuple[str, str, Callable[[Any], int]]] = {
     "run": ("evaluate methods × tasks × lengths on a model and write results",
@@ -581,12 +632,20 @@ DESCRIPTIONS: dict[str, tuple[str, str, Callable[[Any], int]]] = {
              "Evaluate every registered method on the testbed tasks (sparsity-sensitive and sparsity-robust needle "
              "and copy tasks) at 1K-4K tokens with the testbed model shipped in the package, on the CPU in a few "
              "minutes, render the report and print where the results are.", _demo),
-    "report": ("tables, Pareto frontiers and plots of a run folder (Markdown and HTML)",
+    "report": ("tables and plots of a run folder (Markdown and self-contained HTML)",
                "Read every cell of a run folder (<model>/<method>/<task>/<length>/metrics.json, as written by "
-               "`elastic-bench run` or `demo`) and write report.md, report.html and one SVG per frontier. Methods of "
-               "a model are compared on the cells all of them completed: mean score per task and length, ΩMSR, ΩESR, "
-               "prefill time, speedup vs the `full` method, and the Pareto frontiers of score vs ΩESR and score vs "
-               "speedup.", _report),
+               "`elastic-bench run` or `demo`) and write report.md with PNG plots beside it and one self-contained "
+               "report.html. Method configurations of a model are compared on the cells all of them completed: "
+               "per benchmark the score, ΩMSR and ΩESR per task with the benchmark's own breakdown (RULER per "
+               "length, LongBench-E per length bucket, LongBench-v2 per difficulty and length, categories), the "
+               "adaptive sparsity per task category, the routing map of a router, speedup vs `full`, the Pareto "
+               "frontiers of score vs ΩESR and vs speedup, and paired-bootstrap score differences.", _report),
+    "compare": ("the same tables and plots for several run folders side by side",
+                "Read two or more run folders and write one report.md and report.html of every method "
+                "configuration of every run (methods × runs) on the cells all of them completed, with per pair of "
+                "configurations the score difference and its paired-bootstrap 95% interval over the shared samples "
+                "(matched by task, length and sample id). Runs are named by their folders' last components.",
+                _compare),
     "bench kernel": ("time hybrid-attention backends against dense SDPA and FlexAttention",
                      "Time every hybrid-attention backend available on the device, dense "
                      "scaled_dot_product_attention and the XAttention estimation. Prints a table (ms, effective "
@@ -600,6 +659,15 @@ DESCRIPTIONS: dict[str, tuple[str, str, Callable[[Any], int]]] = {
                       "t_full / (t_floor + (t_full - t_floor)(1 - ΩESR)), ΩMSR, ΩESR, routing time, kernel backend, "
                       "peak memory) and writes JSON with the versions and the device. A method that fails is "
                       "recorded with its error.", _bench_prefill),
+    "bench decode": ("time decode steps after a long prompt: full and evicting KV caches beside transformers' SDPA",
+                     "Prefill random token ids once per method and length (batch 1; bf16 on CUDA), then time "
+                     "--steps decode forwards (after --warmup) with each --kv-caches variant: dynamic "
+                     "(transformers' cache), full (packed, every token) and evicting (streaming heads keep sink + "
+                     "window); transformers' own SDPA decode is the reference row. Prints ms per token (median, "
+                     "mean), the speedups, the KV bytes held against a full cache, and the bandwidth bound (weights "
+                     "+ attended KV read once); with --max-memory, whether a prompt of the largest length plus "
+                     "--generate tokens fits under that budget. Writes JSON with the versions and the device.",
+                     _bench_decode),
     "train-router": ("train Elastic Attention routers (frozen backbone)",
                      "Train one Attention Router per layer of a frozen model, with per-category Lagrangian sparsity "
                      "targets (Elastic Attention, arXiv 2601.17367). Writes router.safetensors + router_config.json, "
@@ -687,7 +755,8 @@ def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser
         for cls in config_classes(name):
             positional = POSITIONAL.get(name, ())
             for field_name in positional:
-                p.add_argument(field_name, help=field_help(cls)[field_name])
+                many = typing.get_origin(typing.get_type_hints(cls)[field_name]) is list
+                p.add_argument(field_name, nargs="+" if many else None, help=field_help(cls)[field_name])
             add_options(p, cls, skip=(*SKIPPED.get(name, ()), *positional), flags=FLAGS.get(name))
     run = commands["run"]
     run.add_argument("--config", help="YAML file of RunConfig fields; flags given with it override its values")

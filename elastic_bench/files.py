@@ -23,6 +23,12 @@ from pathlib import Path
 from typing import Any
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; when the block ends without error, it replaces ``path``.
@@ -40,6 +46,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         yield Path(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private; a result file has the usual mode
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -8,12 +8,17 @@ from dataclasses import dataclass
 
 import torch
 
+from elastic_bench.kv_cache import cache_keyword, returned_cache
+
 
 @dataclass
 class Generation:
+    """Generated tokens, the prefill's seconds, and the seconds of the ``decode_steps`` decode forwards after it."""
+
     tokens: list[int]
     prefill_seconds: float
     decode_seconds: float
+    decode_steps: int
 
 
 def _sync(device: torch.device) -> None:
@@ -46,18 +51,22 @@ class _PrefillTimer:
             self.seconds = time.perf_counter() - self.start
 
 
-def _prefill(model, ids: torch.Tensor, cache) -> torch.Tensor:
-    return model(ids, None, None, cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+def _forward(model, ids: torch.Tensor, cache, **kwargs):
+    """One cached forward → (last logits ``[B, V]``, the cache it returns); the cache is passed by keyword, so
+    `elastic_bench.apply` may swap in its packed cache."""
+    out = model(input_ids=ids, use_cache=True, **{cache_keyword(model): cache}, **kwargs)
+    return out.logits[:, -1], returned_cache(out)
 
 
 @torch.inference_mode()
 def warm_up(model, input_ids: list[int]) -> None:
-    """One untimed prefill of ``input_ids``, exactly as `greedy_generate` runs it: the first call of a compiled
-    backend (Triton, FlexAttention) pays for compilation, which no timed prefill then includes."""
+    """One untimed prefill of ``input_ids`` and one decode step, exactly as `greedy_generate` runs them: the first
+    call of a compiled kernel (Triton, FlexAttention) pays for compilation, which no timed step then includes."""
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
-    _prefill(model, torch.tensor([input_ids], device=device), DynamicCache())
+    logits, cache = _forward(model, torch.tensor([input_ids], device=device), DynamicCache(), logits_to_keep=1)
+    _forward(model, logits.argmax(-1)[:, None], cache)
     _sync(device)
 
 
@@ -68,8 +77,9 @@ def greedy_generate(
     """Greedy decoding of one prompt.
 
     The prompt is prefilled in one forward (``logits_to_keep=1``), timed with CUDA events on the GPU (`_PrefillTimer`);
-    decode steps reuse the KV cache. Generation stops at a token of ``stop_ids`` (not returned) once
-    ``min_new_tokens`` tokens exist; before that, stop tokens are masked out.
+    decode steps reuse the KV cache the prefill returned (inside `elastic_bench.apply`, its packed cache). Generation
+    stops at a token of ``stop_ids`` (not returned) once ``min_new_tokens`` tokens exist; before that, stop tokens are
+    masked out.
     """
     from transformers import DynamicCache
 
@@ -79,9 +89,10 @@ def greedy_generate(
     stop = torch.tensor(sorted(stop_ids), device=device, dtype=torch.long)
     _sync(device)
     with _PrefillTimer(device) as timer:
-        logits = _prefill(model, ids, cache)
+        logits, cache = _forward(model, ids, cache, logits_to_keep=1)
     prefilled = time.perf_counter()
     tokens: list[int] = []
+    steps = 0
     for step in range(max_new_tokens):
         if step < min_new_tokens and stop.numel():
             logits[:, stop] = float("-inf")
@@ -90,6 +101,7 @@ def greedy_generate(
             break
         tokens.append(int(token))
         if step + 1 < max_new_tokens:
-            logits = model(token[:, None], None, None, cache, use_cache=True).logits[:, -1]
+            logits, cache = _forward(model, token[:, None], cache)
+            steps += 1
     _sync(device)
-    return Generation(tokens, timer.seconds, time.perf_counter() - prefilled)
+    return Generation(tokens, timer.seconds, time.perf_counter() - prefilled, steps)

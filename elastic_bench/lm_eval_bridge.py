@@ -18,6 +18,16 @@ Design decisions:
 - Requests are run one task at a time; ``handle.stats()`` of each (task, request type) is kept, returned by
   `ElasticLM.get_model_info` (so it lands in lm-eval's results under ``config.elastic_bench``) and written as
   ``sparsity_<date>.json`` beside lm-eval's ``results_<date>.json`` when lm-eval saves its results.
+- Each request's own sparsity goes into lm-eval's logged samples. lm-eval sorts and batches requests, lets requests
+  with one-token continuations share a row, and splits a rolling document into windows, so while a task runs the
+  bridge notes every row it forwards (row i is sample i of ``handle.stats()["per_sample"]``) and, through a subclass
+  of lm-eval's own `Collator`, which row each result came from (`_RowLog`). When lm-eval's ``evaluate`` returns its
+  samples, each gets the field ``elastic_bench`` (`ElasticLM.add_sample_sparsity`), which ``--log_samples`` writes
+  into ``samples_<task>_<date>.jsonl`` with the rest. Requests are matched by their arguments, which decide their
+  rows: equal arguments have equal sparsity.
+- Processes: given a loaded model, lm-eval's `HFLM` forgoes its distributed setup (rank 0, world size 1), so under
+  ``torchrun`` every process evaluates every request and only ``LOCAL_RANK`` 0 writes files; its samples carry every
+  request's values.
 """
 
 from __future__ import annotations
@@ -25,24 +35,31 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import inspect
+import itertools
+import json
 import logging
 import math
 import sys
+from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+from lm_eval import evaluator
+from lm_eval.api.model import CachingLM
 from lm_eval.api.registry import register_model
 from lm_eval.loggers import EvaluationTracker
 from lm_eval.models import huggingface
 from lm_eval.models.huggingface import HFLM
+from lm_eval.models.utils import Collator
 
 from elastic_bench.attention import apply
 from elastic_bench.files import write_json
 from elastic_bench.interface import REGISTRY, get_method
-from elastic_bench.kernels import Mode
+from elastic_bench.kernels import Mode, causal_pairs
 from elastic_bench.models import check_device, load_model
 from elastic_bench.options import check_value
 from elastic_bench.registry import did_you_mean
@@ -51,7 +68,7 @@ HFLM_ARGS = [name for name in inspect.signature(HFLM.__init__).parameters if nam
 OUR_ARGS = ["method", "kernel_backend"]
 WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False, "none": None, "null": None}
 logger = logging.getLogger(__name__)
-REPORT_KEY = "elastic_bench"  # where the method and its sparsity go in lm-eval's results config
+REPORT_KEY = "elastic_bench"  # where the method and its sparsity go in lm-eval's results config and samples
 
 
 @register_model("elastic")
@@ -77,7 +94,9 @@ class ElasticLM(HFLM):
         self._applied = apply(self.method, model, backend=kernel_backend)
         self.handle = self._applied.__enter__()
         self._row_lengths: list[int] | None = None  # true lengths of the rows of the batch lm-eval just padded
+        self._rows: _RowLog | None = None  # the rows of the (task, request type) running now
         self.sparsity: dict[str, dict[str, Any]] = {}  # "task/request type" → stats of its requests
+        self.per_request: dict[str, dict[str, Any] | None] = {}  # `request_key` → the request's `combined` sparsity
         kwargs.setdefault("tokenizer", tokenizer)
         super().__init__(pretrained=model, **kwargs)
 
@@ -97,59 +116,85 @@ class ElasticLM(HFLM):
         return self._per_task(super().generate_until, requests, disable_tqdm)
 
     def _per_task(self, run: Callable[..., list], requests: list, disable_tqdm: bool) -> list:
-        """Run ``requests`` (lm-eval `Instance`s) one task at a time, keeping each task's ``handle.stats()``;
-        results come back in the order of ``requests``."""
+        """Run ``requests`` (lm-eval `Instance`s) one task at a time, keeping each task's ``handle.stats()`` and each
+        request's sparsity (`per_request`); results come back in the order of ``requests``."""
         groups: dict[str, list[int]] = {}
         for i, request in enumerate(requests):
             groups.setdefault(f"{request.task_name}/{request.request_type}", []).append(i)
         results: list[Any] = [None] * len(requests)
         for key, indices in groups.items():
+            group = [requests[i] for i in indices]
             self.handle.reset()
-            for i, result in zip(indices, run([requests[i] for i in indices], disable_tqdm=disable_tqdm)):
-                results[i] = result
-            self.sparsity[key] = self._summary()
+            with self._logging_rows() as rows:
+                for i, result in zip(indices, run(group, disable_tqdm=disable_tqdm)):
+                    results[i] = result
+            stats = self.handle.stats()
+            per_sample = stats["per_sample"]
+            for request, used in zip(group, rows.of_requests(len(group), len(per_sample)), strict=True):
+                # keyed after the run: the arguments as lm-eval logs them
+                self.per_request[request_key(request.args)] = combined(
+                    [per_sample[row] for row in used], [rows.tokens[row] for row in used])
+            self.sparsity[key] = self._summary(stats)
         return results
 
-    def _summary(self) -> dict[str, Any]:
-        """The handle's statistics since its last reset, without per-sample values, plus ``fraction_full``: the
-        share of FULL heads per layer ``[L]`` over the recorded samples."""
-        stats = {key: value for key, value in self.handle.stats().items() if key != "per_sample"}
+    def _summary(self, stats: dict[str, Any]) -> dict[str, Any]:
+        """The handle's ``stats`` without per-sample values, plus ``fraction_full``: the share of FULL heads per
+        layer ``[L]`` over the recorded samples."""
+        stats = {key: value for key, value in stats.items() if key != "per_sample"}
         decisions = self.handle.decisions()  # [N, L, H]
         stats["fraction_full"] = (decisions == Mode.FULL).float().mean(dim=(0, 2)).tolist() if decisions.numel() else []
         return {key: None if isinstance(value, float) and math.isnan(value) else value for key, value in stats.items()}
+
+    def add_sample_sparsity(self, samples: dict[str, list[dict]]) -> None:
+        """Give every sample lm-eval logged (``results["samples"]``: task → sample dicts) the field
+        ``elastic_bench``: the `combined` sparsity of each of its requests, in the order of its ``arguments`` (a
+        multiple-choice document has one request per choice); null for a request this model did not compute (one
+        lm-eval answered from its ``--use_cache`` database)."""
+        for task_samples in samples.values():
+            for sample in task_samples:
+                sample[REPORT_KEY] = [self.per_request.get(request_key(args)) for args in sample["arguments"]]
 
     def get_model_info(self) -> dict:
         """lm-eval's model information plus the method (name, label, options) and the sparsity of each task."""
         method = {"name": self.method.name, "label": self.method.label(), "options": self.method.options()}
         return {**super().get_model_info(), REPORT_KEY: {"method": method, "sparsity": self.sparsity}}
 
-    # ---- right-padded batches ----------------------------------------------------------------------------------
-
-    def _loglikelihood_tokens(self, requests: list, disable_tqdm: bool = False, override_bs: int | None = None):
-        with self._recording_row_lengths():
-            return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
+    # ---- the rows of lm-eval's batches -------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _recording_row_lengths(self) -> Iterator[None]:
-        """While lm-eval builds loglikelihood batches, note the true length of each row it right-pads."""
-        pad_and_concat = huggingface.pad_and_concat
+    def _logging_rows(self) -> Iterator[_RowLog]:
+        """While lm-eval runs one group of requests: note the true length of each row it right-pads, which row
+        each result comes from (`_RowCollator`) and how many windows each rolling document has."""
+        rows = _RowLog()
+        pad_and_concat, windows = huggingface.pad_and_concat, huggingface.utils.get_rolling_token_windows
 
         def recording(max_length: int, tensors: list[torch.Tensor], padding_side: str = "right") -> torch.Tensor:
             if padding_side == "right":
                 self._row_lengths = [t.shape[0] for t in tensors]
             return pad_and_concat(max_length, tensors, padding_side=padding_side)
 
-        huggingface.pad_and_concat = recording
-        try:
-            yield
-        finally:
-            huggingface.pad_and_concat = pad_and_concat
-            self._row_lengths = None
+        def counting(*args: Any, **kwargs: Any) -> list[tuple[list[int], list[int]]]:
+            found = list(windows(*args, **kwargs))
+            rows.windows.append(len(found))
+            return found
+
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(_replaced(huggingface, "pad_and_concat", recording))
+            stack.enter_context(_replaced(huggingface, "Collator", functools.partial(_RowCollator, rows=rows)))
+            stack.enter_context(_replaced(huggingface.utils, "get_rolling_token_windows", counting))
+            self._rows = rows
+            try:
+                yield rows
+            finally:
+                self._rows, self._row_lengths = None, None
 
     def _model_call(self, inps: torch.Tensor, attn_mask: torch.Tensor | None = None,
                     labels: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits ``[B, P, V]`` of ``inps [B, P]``; a batch lm-eval right-padded runs left-aligned (`left_aligned`)."""
+        """Logits ``[B, P, V]`` of ``inps [B, P]``; a batch lm-eval right-padded runs left-aligned (`left_aligned`).
+        A batch lm-eval did not pad (its batch-size detection) is noted as rows of no request."""
         lengths, self._row_lengths = self._row_lengths, None
+        if self._rows is not None:
+            self._rows.add(lengths or [inps.shape[1]] * inps.shape[0], requests=lengths is not None)
         if lengths is None or attn_mask is not None or min(lengths) == inps.shape[1]:
             return super()._model_call(inps, attn_mask=attn_mask, labels=labels)
         if len(lengths) != inps.shape[0] or max(lengths) > inps.shape[1]:
@@ -157,6 +202,13 @@ class ElasticLM(HFLM):
         with torch.no_grad(), torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype,
                                              enabled=self.mixed_precision_dtype is not None):
             return left_aligned(self.model, inps, torch.tensor(lengths, device=inps.device))
+
+    def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs: Any):
+        """lm-eval's generation of the left-padded ``context [B, P]``; its prompt rows are noted."""
+        mask = generation_kwargs.get("attention_mask")  # [B, P]
+        if self._rows is not None:
+            self._rows.add(mask.sum(dim=1).tolist() if mask is not None else [context.shape[1]] * context.shape[0])
+        return super()._model_generate(context, max_length, stop, **generation_kwargs)
 
 
 def left_aligned(model: torch.nn.Module, inps: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -172,6 +224,106 @@ def left_aligned(model: torch.nn.Module, inps: torch.Tensor, lengths: torch.Tens
     logits = model(input_ids=left, attention_mask=mask.long(), position_ids=positions).logits
     back = ((steps + shift) % P)[..., None].expand(-1, -1, logits.shape[-1])
     return logits.gather(1, back)
+
+
+# ---- per-request sparsity ----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _RowLog:
+    """The rows the model ran for one group of requests since the handle's reset, in order: row i is sample i of
+    ``handle.stats()["per_sample"]``."""
+
+    tokens: list[int] = dataclasses.field(default_factory=list)  # prompt tokens of each row
+    fresh: deque[int] = dataclasses.field(default_factory=deque)  # request rows no result has claimed yet
+    results: list[int] = dataclasses.field(default_factory=list)  # each result's row, results in lm-eval's order
+    windows: list[int] = dataclasses.field(default_factory=list)  # windows of each rolling document, in order
+
+    def add(self, lengths: list[int], requests: bool = True) -> None:
+        """Note one forward's rows (``lengths``: tokens of each); ``requests=False``: no request's result comes
+        from them."""
+        start = len(self.tokens)
+        self.tokens.extend(lengths)
+        if requests:
+            self.fresh.extend(range(start, len(self.tokens)))
+
+    def of_requests(self, count: int, samples: int) -> list[list[int]]:
+        """The rows of each of the ``count`` requests of the group (a rolling document's windows, else one row), in
+        request order; ``samples``: how many the handle recorded.
+
+        Raises:
+            RuntimeError: the rows noted do not map onto the handle's samples or the requests.
+        """
+        sizes = self.windows or [1] * count
+        if len(self.tokens) != samples or self.fresh or len(sizes) != count or sum(sizes) != len(self.results):
+            raise RuntimeError(
+                f"lm-eval's batches do not map onto the method's samples ({len(self.tokens)} rows run, {samples} "
+                f"samples recorded, {len(self.fresh)} rows unclaimed, {len(self.results)} results of {count} "
+                "requests): this lm-eval version batches requests in a way the bridge does not know")
+        bounds = list(itertools.accumulate(sizes, initial=0))
+        return [self.results[start:end] for start, end in itertools.pairwise(bounds)]
+
+
+class _RowCollator(Collator):
+    """lm-eval's `Collator` that also tells ``rows`` which row each result came from.
+
+    lm-eval's batch loops run a batch's rows, then take their results in row order: a loglikelihood row through
+    `get_cache`, which yields every request the row answers; a generated row directly. `get_original` puts the rows,
+    like the results, back in request order (appended to ``rows.results``).
+    """
+
+    def __init__(self, arr: list, *args: Any, rows: _RowLog, **kwargs: Any):
+        super().__init__(arr, *args, **kwargs)
+        self._log, self._claimed = rows, []
+
+    def get_cache(self, *args: Any, **kwargs: Any) -> Iterator:
+        row = self._log.fresh.popleft()
+        for answered in super().get_cache(*args, **kwargs):
+            self._claimed.append(row)
+            yield answered
+
+    def get_original(self, newarr: list) -> list:
+        while len(self._claimed) < len(newarr):  # results not taken through get_cache: one per row, in row order
+            self._claimed.append(self._log.fresh.popleft())
+        self._log.results.extend(super().get_original(self._claimed))
+        return super().get_original(newarr)
+
+
+def combined(samples: list[dict[str, float]], tokens: list[int]) -> dict[str, Any] | None:
+    """One request's sparsity from the per-sample statistics of the rows that computed it (``samples``, from
+    ``handle.stats()["per_sample"]``, and ``tokens``: each row's prompt tokens): a rolling document's windows, else
+    one row, whose values are the request's.
+
+    Windows are weighted as if they were one sample: ΩMSR by each window's tokens (the share of (token, layer, head)
+    triples on a sparse head), ΩESR by each window's causal pairs ``t(t+1)/2`` (the share of the document's causal
+    pairs skipped). Returns ``{"omega_msr", "omega_esr", "tokens"}`` (``tokens``: the tokens its rows ran, summed
+    over windows, which overlap), or None for a request no row computed (an empty document).
+    """
+    if not samples:
+        return None
+    pairs = [causal_pairs(t, t) for t in tokens]
+    return {
+        "omega_msr": sum(t * s["omega_msr"] for t, s in zip(tokens, samples)) / sum(tokens),
+        "omega_esr": sum(p * s["omega_esr"] for p, s in zip(pairs, samples)) / sum(pairs),
+        "tokens": sum(tokens),
+    }
+
+
+def request_key(args: tuple) -> str:
+    """A request's identity by content: the SHA-256 of its arguments (an `Instance`'s ``args``, a logged sample's
+    ``arguments`` entry) as JSON."""
+    return hashlib.sha256(json.dumps(args, sort_keys=True, default=str, ensure_ascii=False).encode()).hexdigest()
+
+
+@contextlib.contextmanager
+def _replaced(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """``owner.name`` is ``value`` inside the block."""
+    previous = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, previous)
 
 
 # ---- model arguments ---------------------------------------------------------------------------------------------
@@ -276,8 +428,28 @@ def _also_save_sparsity(save: Callable[..., None]) -> Callable[..., None]:
     return save_results_aggregated
 
 
+def _also_sample_sparsity(evaluate: Callable[..., dict | None]) -> Callable[..., dict | None]:
+    """Wrap lm-eval's ``evaluate`` so that the samples it logs for an elastic model carry each request's sparsity
+    (`ElasticLM.add_sample_sparsity`): in ``results["samples"]``, and so in the ``samples_*.jsonl`` files."""
+    signature = inspect.signature(evaluate)
+
+    @functools.wraps(evaluate)
+    def evaluate_with_sample_sparsity(*args: Any, **kwargs: Any) -> dict | None:
+        results = evaluate(*args, **kwargs)
+        lm = signature.bind(*args, **kwargs).arguments["lm"]
+        lm = lm.lm if isinstance(lm, CachingLM) else lm
+        if isinstance(lm, ElasticLM) and results is not None and "samples" in results:
+            lm.add_sample_sparsity(results["samples"])
+        return results
+
+    evaluate_with_sample_sparsity.elastic_bench = True
+    return evaluate_with_sample_sparsity
+
+
 if not getattr(EvaluationTracker.save_results_aggregated, "elastic_bench", False):
     EvaluationTracker.save_results_aggregated = _also_save_sparsity(EvaluationTracker.save_results_aggregated)
+if not getattr(evaluator.evaluate, "elastic_bench", False):
+    evaluator.evaluate = _also_sample_sparsity(evaluator.evaluate)
 
 
 def cli(argv: list[str]) -> int:

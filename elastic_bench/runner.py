@@ -27,12 +27,13 @@ import yaml
 from elastic_bench import tasks as task_registry
 from elastic_bench.interface import Method, get_method
 from elastic_bench.kernels import backend_names
-from elastic_bench.options import check_fields
+from elastic_bench.options import check_fields, check_value
 from elastic_bench.registry import did_you_mean
 from elastic_bench.results import Cell
 
 # Per-sample values averaged into a cell's metrics.
-MEANS = ("omega_msr", "omega_esr", "omega_esr_last_row", "prefill_seconds")
+MEANS = ("omega_msr", "omega_esr", "omega_esr_last_row", "prefill_seconds", "decode_ms_per_token", "kv_bytes",
+         "kv_bytes_full")
 
 
 @dataclass
@@ -54,6 +55,9 @@ class RunConfig:
             $ELASTIC_BENCH_DATA, then the Hugging Face hub where it holds the official files.
         backend: attention kernel backend: auto, reference, triton, split, flex, ... (`auto`: the fastest available
             for each call).
+        kv_cache: what generation decodes with: ``evicting`` (a packed cache; heads a method decodes as streaming keep
+            sink + window only), ``full`` (a packed cache keeping every token, as upstream) or ``dynamic``
+            (transformers' DynamicCache attended by the prefill kernels).
         device: cuda, cpu, cuda:1, ... (none: cuda when available).
         dtype: model weights dtype (none: bfloat16 on CUDA, float32 on the CPU).
         progress: show progress bars.
@@ -73,6 +77,7 @@ class RunConfig:
     output: str = "runs/latest"
     data_dir: str | None = None
     backend: str = "auto"
+    kv_cache: Literal["evicting", "full", "dynamic"] = "evicting"
     device: str | None = None
     dtype: Literal["bfloat16", "float16", "float32"] | None = None
     progress: bool = True
@@ -93,6 +98,7 @@ class RunConfig:
                 raise ValueError(f"options given for method {name!r}, which is not in methods {self.methods}")
         if self.dtype not in (None, "bfloat16", "float16", "float32"):
             raise ValueError(f"dtype must be bfloat16, float16 or float32, got {self.dtype!r}")
+        check_value(RunConfig, "kv_cache", self.kv_cache, "kv_cache")
         if self.backend != "auto" and self.backend not in backend_names():
             raise did_you_mean("attention backend", self.backend, ["auto", *backend_names()])
         self.build_methods()
@@ -235,6 +241,7 @@ def _cell_config(config: RunConfig, method: Method, fingerprint: dict[str, Any],
         "length": length,
         "num_samples": n,
         "backend": config.backend,
+        "kv_cache": config.kv_cache,
         "allow_extrapolation": config.allow_extrapolation,
         "model_context": context,
         "fingerprint": fingerprint,
@@ -260,9 +267,9 @@ def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunCo
     error = None
     try:
         if mine:  # compile the method's kernels at this length before the first timed prefill
-            with apply(method, model, backend=config.backend):
+            with apply(method, model, backend=config.backend, kv_cache=config.kv_cache):
                 generation.warm_up(model, mine[0].input_ids)
-        with apply(method, model, backend=config.backend) as handle:
+        with apply(method, model, backend=config.backend, kv_cache=config.kv_cache) as handle:
             shown = config.progress and ranks.is_main
             for sample in tqdm(mine, desc=desc, disable=not shown, leave=False, file=sys.stderr):
                 cell.append(_predict(model, tokenizer, task, sample, handle, stop_ids), shard)
@@ -325,6 +332,8 @@ def _predict(model, tokenizer, task, sample, handle, stop_ids) -> dict[str, Any]
         "output_tokens": len(gen.tokens),
         "prefill_seconds": gen.prefill_seconds,
         "decode_seconds": gen.decode_seconds,
+        "decode_ms_per_token": 1000 * gen.decode_seconds / gen.decode_steps if gen.decode_steps else None,
+        **{key: stats[key] for key in ("kv_bytes", "kv_bytes_full") if key in stats},
         **stats["per_sample"][0],
         "backend": "+".join(sorted(stats["prefill_backends"])),
         "decisions": handle.decisions()[0].tolist(),

@@ -80,6 +80,11 @@ class StreamingGeometry:
         """(sink blocks, local blocks including the diagonal) for block granularity."""
         return -(-self.sink // block_size), -(-self.local // block_size)
 
+    def window_span(self, block_size: int) -> int:
+        """The most window keys an unchunked query sees (``local`` for token geometry, whole local blocks for block
+        geometry): the ring an evicting cache keeps per streaming head."""
+        return self.local if self.granularity == "token" else self.blocks(block_size)[1] * block_size
+
     def sink_end(self, block_size: int) -> int:
         """Keys below this position are visible to every later query (the sink blocks' extent for block geometry)."""
         return self.sink if self.granularity == "token" else self.blocks(block_size)[0] * block_size

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from elastic_bench.interface import AttentionCall, Method, register_method
-from elastic_bench.kernels import HeadPlan, hybrid_attention
+from elastic_bench.kernels import HeadPlan, Mode, hybrid_attention
 
 from .modes import OFFICIAL_XA_THRESHOLD, PAPER_XA_THRESHOLD
 
@@ -96,6 +96,9 @@ class Elastic(Method):
             official evaluation code of the released FA-XA / XA-SSA routers uses); None: the checkpoint's (0.9 by
             default).
         seed: initialisation seed of fresh routers.
+        sparse_decode: decode steps of heads routed to streaming see only sink + window, so an evicting KV cache keeps
+            nothing else for them (an extension; upstream decodes densely). Heads routed FULL or to XAttention decode
+            densely.
     """
 
     router: str | None = None
@@ -105,6 +108,7 @@ class Elastic(Method):
     granularity: Literal["token", "block"] | None = None
     xa_threshold: float | Literal["paper", "official"] | None = None
     seed: int = 0
+    sparse_decode: bool = False
 
     needs_pre_rope_keys = True
 
@@ -221,6 +225,19 @@ class Elastic(Method):
         self._sparse_side += int((~full_side).sum())
         self._routed += full_side.numel()
         return modes.plan(full_side, call.query, call.key)
+
+    def decode_plan(self, call: AttentionCall) -> HeadPlan:
+        """Dense (upstream), or with ``sparse_decode`` each sample's streaming-routed heads STREAMING."""
+        modes = self.routers.config.attention
+        if not self.sparse_decode or modes.sides[1] != Mode.STREAMING:
+            return super().decode_plan(call)
+        decided = self._decided.get(call.layer_idx, {})
+        missing = [s for s in call.sample_ids if s not in decided]
+        if missing:
+            raise RuntimeError(f"elastic: decode step of samples {missing} without a routed prefill")
+        full_side = torch.stack([decided[s] for s in call.sample_ids])
+        plan = torch.where(full_side, int(Mode.FULL), int(Mode.STREAMING)).to(torch.uint8)
+        return HeadPlan(plan, modes.geometry, block_size=modes.block_size)
 
     def _training_plan(self, call: AttentionCall, route: TrainingRoute) -> HeadPlan:
         from elastic_bench.method.relaxation import relax

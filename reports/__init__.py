@@ -1,19 +1,34 @@
-"""Reports: results folders → per-model tables, Pareto frontiers and plots, rendered as Markdown and HTML.
+"""Reports: run folders → tables, plots and pages a reader of the field looks for (no torch).
 
-Reads the result files of `elastic_bench.results` only; imports no torch. Public API: `load_cells` (the cells of a run
-folder), `summarize` (per-model method summaries and frontiers), `write_report` (``report.md``, ``report.html``).
+Reads the result files of `elastic_bench.results` only. Public API:
+
+- `load_cells(run_dir, run="")`: the cells of a run folder (`CellResult`, their samples `SampleResult` read on use);
+- `summarize(cells)`: one `Comparison` per model, its method configurations (`Config`) on the cells all completed,
+  with their Pareto `Frontier`s; `compare(cells)`: one `Comparison` of the configurations of several runs;
+- `run_names(paths)`: short distinct names of run folders, for `load_cells(..., run=name)`;
+- `write_report(comparisons, output, source)`: ``report.md`` with PNG plots beside it, and a self-contained
+  ``report.html``;
+- `pareto_front(points)`, `paired_difference(a, b)` (paired bootstrap, `Difference`): the two statistics the
+  report rests on.
 """
 
-from .collect import CellResult, load_cells
+from .bootstrap import Difference, paired_difference
+from .collect import CellResult, SampleResult, load_cells
+from .labels import run_names
 from .render import write_report
-from .summary import Frontier, MethodSummary, ModelReport, pareto_front, summarize
+from .summary import Comparison, Config, Frontier, compare, pareto_front, summarize
 
 __all__ = [
     "CellResult",
+    "Comparison",
+    "Config",
+    "Difference",
     "Frontier",
-    "MethodSummary",
-    "ModelReport",
+    "SampleResult",
+    "compare",
     "load_cells",
+    "paired_difference",
+    "run_names",
     "pareto_front",
     "summarize",
     "write_report",

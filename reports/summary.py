@@ -1,41 +1,68 @@
-"""Per-model summaries of a run: method means over the cells every method completed, and Pareto frontiers.
+"""Comparisons: method configurations side by side on the cells all of them completed, their means and Pareto
+frontiers.
 
 Design decisions:
-- Methods are compared on the same cells only: the (task, length) pairs that *every* method of the model completed.
+- A configuration is one method folder of one model in one run. `summarize` compares the configurations of each
+  model of a run; `compare` those of several runs (methods × runs), all in one comparison.
+- Configurations are compared on the same cells only: the (task, length) pairs that *every* configuration completed.
   Cells outside that set are listed as excluded, failed cells with their errors; nothing is averaged over unequal sets.
 - Means weigh every comparable cell equally (the RULER convention of averaging task scores).
 - Speedup is ``Σ full prefill / Σ method prefill`` over the comparable cells (each cell's median prefill, after the
-  runner's untimed warm-up), against the method folder ``full`` of the same model; without it there is no speedup
-  column or frontier. Prefills timed on the CPU or on the ``reference`` backend do not measure kernel speed (masked
-  attention costs more than dense there): the report says so beside such speedups.
-- A frontier keeps the methods no other method beats on both axes (higher score, and higher ΩESR or speedup).
+  runner's untimed warm-up), against the method folder ``full`` of the same run and model; without it there is no
+  speedup. Prefills timed on the CPU or on the ``reference`` backend do not measure kernel speed (masked attention
+  costs more than dense there): the report says so beside such speedups.
+- A frontier keeps the configurations no other beats on both axes (higher score, and higher ΩESR or speedup).
+- Paired differences match samples by (task, length, sample id) within the comparable cells.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from itertools import combinations
 
+import numpy as np
+
+from .benchmarks import task_category
+from .bootstrap import Difference, paired_difference
 from .collect import CellResult
+from .labels import folder_label, short_label, unique_labels
 
 BASELINE = "full"
 AXES = {"omega_esr": "ΩESR (fraction of causal pairs skipped)", "speedup": f"prefill speedup vs {BASELINE}"}
 
+Key = tuple[str, int]  # (task, length)
+
 
 @dataclass
-class MethodSummary:
-    """One method of one model, over the model's comparable cells."""
+class Config:
+    """One method configuration (``method`` folder of ``model`` in ``run``) over its comparison's cells.
 
+    ``cells`` maps each comparable (task, length) to its cell; ``score`` (percent), ``omega_msr``, ``omega_esr`` and
+    ``prefill_seconds`` are means over them; ``speedup`` is against ``full`` of the same run and model (None
+    without it).
+    """
+
+    run: str
+    model: str
     method: str
-    score: float
-    task_scores: dict[str, float]
-    length_scores: dict[int, float]
-    omega_msr: float
-    omega_esr: float
-    prefill_seconds: float
-    speedup: float | None
-    devices: list[str] = field(default_factory=list)
-    backends: list[str] = field(default_factory=list)
+    method_name: str
+    options: dict
+    label: str
+    cells: dict[Key, CellResult]
+    score: float = math.nan
+    omega_msr: float = math.nan
+    omega_esr: float = math.nan
+    prefill_seconds: float = math.nan
+    speedup: float | None = None
+
+    @property
+    def devices(self) -> list[str]:
+        return sorted({c.device for c in self.cells.values() if c.device})
+
+    @property
+    def backends(self) -> list[str]:
+        return sorted({c.backend for c in self.cells.values() if c.backend})
 
     @property
     def measures_kernels(self) -> bool:
@@ -43,86 +70,159 @@ class MethodSummary:
         return bool(self.devices) and not any(d.startswith("cpu") for d in self.devices) and "reference" not in \
             self.backends
 
+    @property
+    def routes_per_prompt(self) -> bool:
+        """Whether the per-head prefill modes differ between prompts (a router, e.g. ``elastic``)."""
+        seen = {s.decisions for c in self.cells.values() for s in c.samples if s.decisions is not None}
+        return len(seen) > 1
+
 
 @dataclass
 class Frontier:
-    """The non-dominated methods on (``axis``, score), in increasing ``axis``."""
+    """The non-dominated configurations (their labels) on (``axis``, score), in increasing ``axis``."""
 
     axis: str
-    methods: list[str]
+    labels: list[str]
 
 
 @dataclass
-class ModelReport:
-    model: str
-    tasks: list[str]
-    lengths: list[int]
-    methods: list[MethodSummary]
+class Pair:
+    """``a`` − ``b`` in score points over their shared samples, with its paired-bootstrap interval."""
+
+    a: str
+    b: str
+    difference: Difference
+
+
+@dataclass
+class Comparison:
+    """Configurations compared on the cells all of them completed (``keys``), with what fell outside."""
+
+    title: str
+    configs: list[Config]
+    keys: list[Key]
     frontiers: list[Frontier]
     excluded: list[CellResult] = field(default_factory=list)
     failed: list[CellResult] = field(default_factory=list)
 
+    @property
+    def tasks(self) -> list[str]:
+        return sorted({t for t, _ in self.keys})
+
+    @property
+    def lengths(self) -> list[int]:
+        return sorted({n for _, n in self.keys})
+
+    @property
+    def cells(self) -> list[CellResult]:
+        """Every cell of every configuration's comparison."""
+        return [c for config in self.configs for c in config.cells.values()]
+
+    def category(self, task: str) -> str:
+        """The task's category: its samples' ``metadata.category`` where they carry one, else the benchmark's."""
+        found = {s.category for c in self.cells if c.task == task for s in c.samples if s.category}
+        return found.pop() if len(found) == 1 else task_category(task)
+
+    def pairs(self) -> list[Pair]:
+        """Every pair of configurations: the paired-bootstrap difference of their scores on the shared samples."""
+        found = []
+        for a, b in combinations(self.configs, 2):
+            x, y = paired_scores(a, b)
+            found.append(Pair(a.label, b.label, paired_difference(x, y)))
+        return found
+
+
+def paired_scores(a: Config, b: Config) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample scores (percent) of ``a`` and ``b`` on the samples both scored, matched by (task, length, id):
+    two float arrays ``[n]``."""
+    left = {(*k, s.id): s.score for k, c in a.cells.items() for s in c.samples}
+    right = {(*k, s.id): s.score for k, c in b.cells.items() for s in c.samples}
+    shared = sorted(left.keys() & right.keys())
+    return np.array([left[k] for k in shared], dtype=float), np.array([right[k] for k in shared], dtype=float)
+
 
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:
-    """Indices of the points ``(x, y)`` not dominated when both coordinates are maximised (NaN points never are on
-    the front; equal points both are), sorted by ``x``."""
-    ok = [i for i, (x, y) in enumerate(points) if not (math.isnan(x) or math.isnan(y))]
+    """Indices of the points ``(x, y)`` not dominated when both coordinates are maximised, sorted by ``x``.
 
-    def dominated(i: int) -> bool:
-        xi, yi = points[i]
-        return any(points[j][0] >= xi and points[j][1] >= yi and points[j] != points[i] for j in ok)
-
-    return sorted((i for i in ok if not dominated(i)), key=lambda i: points[i])
+    A point is dominated when another, different point is at least as good on both coordinates; equal points are
+    all kept, NaN points never. One sweep in decreasing ``x`` (O(n log n)): a point is on the front when its ``y``
+    beats every ``y`` seen before its group of equal points.
+    """
+    ok = sorted((i for i, (x, y) in enumerate(points) if not (math.isnan(x) or math.isnan(y))),
+                key=lambda i: (-points[i][0], -points[i][1]))
+    front, best, group_best, previous = [], -math.inf, -math.inf, None
+    for i in ok:
+        if points[i] != previous:  # a new group of equal points: the groups before it count
+            best, previous = max(best, group_best), points[i]
+        if points[i][1] > best:
+            front.append(i)
+        group_best = points[i][1]
+    return sorted(front, key=lambda i: points[i])
 
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
-def summarize(cells: list[CellResult]) -> list[ModelReport]:
-    """One `ModelReport` per model in ``cells``."""
-    reports = []
+def _comparison(title: str, cells: list[CellResult], labels: dict[tuple[str, str, str], str]) -> Comparison:
+    """The configurations ``labels`` names ((run, model, method) → label), compared on the cells they all completed."""
+    done = [c for c in cells if c.complete]
+    runs = list(dict.fromkeys(c.run for c in cells))  # in the order given
+    order = sorted(labels, key=lambda k: (runs.index(k[0]), k[1], k[2] != BASELINE, k[2]))
+    by_config = {k: {(c.task, c.length): c for c in done if (c.run, c.model, c.method) == k} for k in order}
+    shared = set.intersection(*(set(v) for v in by_config.values())) if order else set()
+    configs = []
+    for k in order:
+        first = next(iter(by_config[k].values()))
+        used = {key: by_config[k][key] for key in sorted(shared)}
+        configs.append(Config(
+            run=k[0], model=k[1], method=k[2], method_name=first.method_name, options=first.options,
+            label=labels[k], cells=used,
+            score=_mean([c.score for c in used.values()]),
+            omega_msr=_mean([c.omega_msr for c in used.values()]),
+            omega_esr=_mean([c.omega_esr for c in used.values()]),
+            prefill_seconds=_mean([c.prefill_seconds for c in used.values()]),
+        ))
+    for config in configs:
+        base = next((b for b in configs if (b.run, b.model, b.method) == (config.run, config.model, BASELINE)), None)
+        if base is not None:
+            config.speedup = base.prefill_seconds / config.prefill_seconds if config.prefill_seconds > 0 else math.nan
+    frontiers = []
+    for axis in AXES:
+        points = [(getattr(c, axis), c.score) for c in configs]
+        if all(x is None for x, _ in points):
+            continue
+        points = [(math.nan if x is None else x, y) for x, y in points]
+        frontiers.append(Frontier(axis, [configs[i].label for i in pareto_front(points)]))
+    return Comparison(
+        title, configs, sorted(shared), frontiers,
+        excluded=[c for c in done if (c.task, c.length) not in shared],
+        failed=[c for c in cells if not c.complete],
+    )
+
+
+def _labels(cells: list[CellResult], prefix) -> dict[tuple[str, str, str], str]:
+    """(run, model, method) → a unique readable label: ``prefix(cell)`` + the method's short label."""
+    keys = sorted({(c.run, c.model, c.method) for c in cells if c.complete})
+    first = {(c.run, c.model, c.method): c for c in reversed(cells) if c.complete}
+    short = [prefix(first[k]) + short_label(k[2], first[k].method_name, first[k].options) for k in keys]
+    fallback = [prefix(first[k]) + folder_label(k[2]) for k in keys]
+    return dict(zip(keys, unique_labels(short, fallback)))
+
+
+def summarize(cells: list[CellResult]) -> list[Comparison]:
+    """One `Comparison` per model in ``cells`` (one run): its method configurations on the cells all completed."""
+    found = []
     for model in sorted({c.model for c in cells}):
         mine = [c for c in cells if c.model == model]
-        done = [c for c in mine if c.complete]
-        methods = sorted({c.method for c in done}, key=lambda m: (m != BASELINE, m))
-        keys_by_method = {m: {(c.task, c.length) for c in done if c.method == m} for m in methods}
-        shared = set.intersection(*keys_by_method.values()) if methods else set()
-        by_key = {(c.method, c.task, c.length): c for c in done}
-        tasks = sorted({t for t, _ in shared})
-        lengths = sorted({n for _, n in shared})
-        summaries = []
-        for m in methods:
-            used = [by_key[(m, t, n)] for t, n in sorted(shared)]
-            summaries.append(
-                MethodSummary(
-                    method=m,
-                    score=_mean([c.score for c in used]),
-                    task_scores={t: _mean([c.score for c in used if c.task == t]) for t in tasks},
-                    length_scores={n: _mean([c.score for c in used if c.length == n]) for n in lengths},
-                    omega_msr=_mean([c.omega_msr for c in used]),
-                    omega_esr=_mean([c.omega_esr for c in used]),
-                    prefill_seconds=_mean([c.prefill_seconds for c in used]),
-                    speedup=None,
-                    devices=sorted({c.device for c in used if c.device}),
-                    backends=sorted({c.backend for c in used if c.backend}),
-                )
-            )
-        base = next((s for s in summaries if s.method == BASELINE), None)
-        if base is not None:
-            for s in summaries:
-                s.speedup = base.prefill_seconds / s.prefill_seconds if s.prefill_seconds > 0 else math.nan
-        frontiers = []
-        for axis in AXES:
-            if axis == "speedup" and base is None:
-                continue
-            points = [(getattr(s, axis), s.score) for s in summaries]
-            frontiers.append(Frontier(axis, [summaries[i].method for i in pareto_front(points)]))
-        reports.append(
-            ModelReport(
-                model, tasks, lengths, summaries, frontiers,
-                excluded=[c for c in done if (c.task, c.length) not in shared],
-                failed=[c for c in mine if not c.complete],
-            )
-        )
-    return reports
+        found.append(_comparison(model, mine, _labels(mine, lambda c: "")))
+    return found
+
+
+def compare(cells: list[CellResult]) -> list[Comparison]:
+    """One `Comparison` of every configuration of every run in ``cells`` (`CellResult.run` names the run), on the
+    cells all of them completed; labels read ``run · method`` (``run · model · method`` when the models differ)."""
+    several_models = len({c.model for c in cells}) > 1
+    title = "comparison of " + ", ".join(dict.fromkeys(c.run for c in cells))
+    return [_comparison(title, cells, _labels(cells, lambda c: f"{c.run} · " + (f"{c.model} · " if several_models
+                                                                                 else "")))]

@@ -144,17 +144,92 @@ def test_lm_eval_cli_full_equals_hf_and_writes_sparsity_beside_the_results(tmp_p
             flat = [float(r[0][0] if kind == "loglikelihood" else r[0]) for s in ours for r in s["resps"]]
             ref = [float(r[0][0] if kind == "loglikelihood" else r[0]) for s in theirs for r in s["resps"]]
             assert flat == pytest.approx(ref, abs=1e-5), task
-    # lm-eval's own entry function in-process knows `elastic` too (this process imported elastic_bench)
-    plain = lm_eval_run(tmp_path / "plain", monkeypatch, cli_evaluate, "elastic",
-                        f"pretrained={tiny_llama},method=full,dtype=float32", "--batch_size", "4")
-    assert [s["resps"] for s in samples(plain, "toy_loglikelihood")] == [
-        s["resps"] for s in samples(elastic, "toy_loglikelihood")]
+        for line in ours:  # one entry per request, none of them sparse
+            assert [entry["omega_msr"] for entry in line["elastic_bench"]] == [0.0] * len(line["arguments"]), task
     (results,) = elastic.glob("results_*.json")
     sparsity = json.loads((elastic / results.name.replace("results_", "sparsity_")).read_text())
     assert sparsity["method"] == {"name": "full", "label": "full", "options": {}}
     assert set(sparsity["sparsity"]) == {f"{task}/{kind}" for task, kind in TASKS.items()}
     assert all(s["omega_msr"] == 0.0 and s["num_samples"] > 0 for s in sparsity["sparsity"].values())
     assert json.loads(results.read_text())["config"]["elastic_bench"] == sparsity
+
+
+def lm_eval_rows(lm: ElasticLM, task: str, args: dict) -> list[list[int]]:
+    """The model input of each row lm-eval runs for the request ``args`` (a sample's ``arguments`` entry), by
+    lm-eval's own tokenization and truncation: a rolling document's windows, else one row."""
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    if TASKS[task] == "loglikelihood_rolling":
+        windows = get_rolling_token_windows(token_list=lm.tok_encode(args["arg_0"]), prefix_token=lm.prefix_token_id,
+                                            max_seq_len=lm.max_length, context_len=1)
+        return [(context + target)[:-1] for context, target in map(make_disjoint_window, windows)]
+    if TASKS[task] == "generate_until":
+        budget = lm.max_length - args["arg_1"]["max_gen_toks"]
+        return [lm.tok_encode(args["arg_0"], left_truncate_len=budget)]
+    context, continuation = lm._encode_pair(args["arg_0"], args["arg_1"])
+    return [(context + continuation)[-(lm.max_length + 1):][:-1]]
+
+
+def test_samples_carry_each_requests_sparsity_whatever_the_batch_size(tmp_path, monkeypatch):
+    import lm_eval
+    import torch
+    from lm_eval.__main__ import cli_evaluate
+    from lm_eval.loggers import EvaluationTracker
+    from lm_eval.tasks import TaskManager
+
+    from elastic_bench import apply, get_method
+
+    # the untrained router routes each row on its content, so rows given to the wrong request would show;
+    # max_length 64 splits the rolling documents into 1–4 windows and makes one-token choices share a row
+    args = {**METHODS["elastic"], "method": "elastic", "max_length": 64}
+    # batch size 4 through lm-eval's own command line (it knows `elastic`: this process imported elastic_bench)
+    four = lm_eval_run(tmp_path, monkeypatch, cli_evaluate, "elastic",
+                       ",".join(["pretrained=tiny:llama", *(f"{k}={v}" for k, v in args.items())]), "--batch_size", "4")
+    # batch size 1 through the Python API, saved by lm-eval's tracker as its command line does
+    lm = ElasticLM(pretrained="tiny:llama", device="cpu", batch_size=1, **args)
+    tracker = EvaluationTracker(output_path=str(tmp_path / "one"))
+    try:
+        results = lm_eval.simple_evaluate(model=lm, tasks=list(TASKS), log_samples=True, evaluation_tracker=tracker,
+                                          task_manager=TaskManager(include_path=str(FIXTURES), include_defaults=False))
+    finally:
+        lm.close()
+    logged = results.pop("samples")
+    tracker.save_results_aggregated(results=results, samples=logged)
+    for task in TASKS:
+        tracker.save_results_samples(task_name=task, samples=logged[task])
+    (one,) = (tmp_path / "one").iterdir()
+
+    # each request recomputed on its own: lm-eval's rows of it, one forward each under the same method
+    model, _ = load_model("tiny:llama", device="cpu")
+    method = get_method("elastic", **{k.removeprefix("method_"): v for k, v in METHODS["elastic"].items()})
+    seen = set()
+    with apply(method, model) as handle, torch.no_grad():
+        for task in TASKS:
+            lines = samples(four, task)
+            assert [line["doc_id"] for line in lines] == [line["doc_id"] for line in samples(one, task)]
+            assert len(lines) == len(DOCS)
+            for line, other in zip(lines, samples(one, task)):
+                requests = list(line["arguments"].values())
+                assert len(line["elastic_bench"]) == len(requests) == len(other["elastic_bench"]), task
+                for entry, same, request in zip(line["elastic_bench"], other["elastic_bench"], requests):
+                    assert entry == pytest.approx(same, abs=1e-9), (task, line["doc_id"])  # batch size 4 vs 1
+                    rows = lm_eval_rows(lm, task, request)
+                    per_row = []
+                    for row in rows:
+                        handle.reset()
+                        model(input_ids=torch.tensor([row]))
+                        (sample,) = handle.stats()["per_sample"]
+                        per_row.append(sample)
+                    tokens = [len(row) for row in rows]  # ΩMSR weighted by tokens, ΩESR by causal pairs
+                    pairs = [t * (t + 1) / 2 for t in tokens]
+                    expected = {
+                        "omega_msr": sum(t * s["omega_msr"] for t, s in zip(tokens, per_row)) / sum(tokens),
+                        "omega_esr": sum(p * s["omega_esr"] for p, s in zip(pairs, per_row)) / sum(pairs),
+                        "tokens": sum(tokens),
+                    }
+                    assert entry == pytest.approx(expected, abs=1e-9), (task, line["doc_id"], len(rows))
+                    seen.add((round(entry["omega_msr"], 6), len(rows)))
+    assert len({msr for msr, _ in seen}) > 2 and max(windows for _, windows in seen) > 2  # a test that can fail
 
 
 def test_sparsity_file_matches_the_handle_per_task(tmp_path, monkeypatch, gates):

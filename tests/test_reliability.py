@@ -23,7 +23,8 @@ from elastic_bench.results import Cell
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 # Fields that differ from run to run.
-TIMING = ("prefill_seconds", "prefill_seconds_median", "decode_seconds", "date", "predictions_sha256")
+TIMING = ("prefill_seconds", "prefill_seconds_median", "decode_seconds", "decode_ms_per_token", "date",
+          "predictions_sha256")
 ARGS = ["--model", "tiny:qwen3", "--tasks", "ruler_niah_single_1", "--lengths", "640", "--device", "cpu",
         "--no-progress"]
 
@@ -251,3 +252,15 @@ def test_a_router_moved_elsewhere_with_the_same_contents_is_the_same_configurati
     written = metrics.read_bytes()  # its date and digests would change if the cell were computed again
     assert cli.main([*argv, "-O", f"elastic.router={tmp_path / 'b' / 'router'}"]) == 0
     assert metrics.read_bytes() == written
+
+
+def test_atomic_writes_give_files_the_usual_mode(tmp_path):
+    """The temporary file of an atomic write is private; the result file gets the mode the umask gives."""
+    from elastic_bench.files import write_json
+
+    mask = os.umask(0o022)
+    try:
+        write_json(tmp_path / "a.json", {"a": 1})
+    finally:
+        os.umask(mask)
+    assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o644

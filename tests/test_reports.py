@@ -1,24 +1,39 @@
-"""Reports: cells → per-model summaries on shared cells, Pareto frontiers, Markdown/HTML/SVG, and the CLI."""
+"""Reports: cells → comparisons on shared cells, tables, Pareto frontiers, Markdown/HTML/PNG, and the CLI."""
 
 from __future__ import annotations
 
 import json
 import math
-import xml.dom.minidom
+import subprocess
+import sys
 
 import pytest
 
 from elastic_bench import cli
 from elastic_bench.files import digest, write_json, write_jsonl
-from elastic_bench.reports import load_cells, pareto_front, summarize, write_report
+from elastic_bench.reports import compare, load_cells, pareto_front, run_names, summarize, write_report
+from elastic_bench.reports.labels import short_label
+from elastic_bench.reports.tables import adaptive_sparsity, benchmark_tables, pair_differences
+
+
+def _row(md: str, first: str, after: str = "") -> list[str]:
+    """The cells of the first Markdown table row named ``first`` (after the line containing ``after``)."""
+    lines = md[md.index(after):].splitlines()
+    line = next(x for x in lines if x.startswith("|") and x.strip("|").split("|")[0].strip() == first)
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
 
 
 def _cell(root, method, task, length, score, esr, prefill, status="complete", model="m", device="NVIDIA H200",
-          backend="split"):
+          backend="split", options=None, category=None, scores=None):
     folder = root / model / method / task / str(length)
-    metrics = {"status": status, "num_samples": 4, "device": device, "backend_used": backend}
+    metrics = {"status": status, "num_samples": 4, "device": device, "backend_used": backend,
+               "method": method.split("-")[0], "method_options": options or {}, "versions": {"torch": "2.9"},
+               "git_hash": "abc123", "date": "2026-01-01T00:00:00+00:00"}
     if status == "complete":
-        write_jsonl(folder / "predictions.jsonl", [{"id": str(i), "score": score / 100} for i in range(4)])
+        scores = scores or [score / 100] * 4
+        meta = {"length": length, **({"category": category} if category else {})}
+        write_jsonl(folder / "predictions.jsonl", [{"id": str(i), "score": s, "metadata": meta, "omega_msr": esr * 2,
+                                                    "decisions": [[i % 2, 1], [0, 1]]} for i, s in enumerate(scores)])
         metrics.update(score=score, omega_msr=esr * 2, omega_esr=esr, prefill_seconds=prefill * 2,
                        prefill_seconds_median=prefill, predictions_sha256=digest(folder / "predictions.jsonl"))
     else:
@@ -29,15 +44,16 @@ def _cell(root, method, task, length, score, esr, prefill, status="complete", mo
 @pytest.fixture
 def run_dir(tmp_path):
     root = tmp_path / "run"
-    for task, full_score in (("ruler_niah", 90.0), ("lb_qa", 40.0)):
+    for task, full_score in (("ruler_niah_single_1", 90.0), ("lb_qa", 40.0)):
         for length in (1024, 2048):
             _cell(root, "full", task, length, full_score, 0.0, 2.0)
             _cell(root, "streaming", task, length, full_score - 30, 0.6, 1.0)
             _cell(root, "elastic", task, length, full_score - 5, 0.4, 1.25)
             _cell(root, "bad", task, length, full_score - 40, 0.3, 1.5)  # dominated by elastic
-    _cell(root, "full", "ruler_niah", 4096, 88.0, 0.0, 8.0)  # not run by the others: excluded from means
-    _cell(root, "streaming", "ruler_niah", 4096, 0, 0, 0, status="failed")
-    (root / "m" / "elastic" / "ruler_niah" / "4096").mkdir(parents=True)  # a cell still running: no metrics yet
+    _cell(root, "full", "ruler_niah_single_1", 4096, 88.0, 0.0, 8.0)  # not run by the others: excluded from means
+    _cell(root, "streaming", "ruler_niah_single_1", 4096, 0, 0, 0, status="failed")
+    _cell(root, "elastic", "ruler_niah_single_1", 4096, 0, 0, 0, status="failed")
+    (root / "m" / "bad" / "ruler_niah_single_1" / "4096").mkdir(parents=True)  # still running: no metrics yet
     return root
 
 
@@ -47,67 +63,154 @@ def test_pareto_front_keeps_the_non_dominated_points():
     assert pareto_front([]) == []
 
 
-def test_summaries_compare_methods_on_the_cells_all_of_them_completed(run_dir):
+def test_pareto_front_equals_a_brute_force_filter_on_random_points():
+    import random
+
+    rng = random.Random(0)
+    for _ in range(300):
+        n = rng.randint(1, 30)
+        grid = rng.choice([3, 10, 1000])  # small grids make ties and equal points common
+        points = [(rng.randrange(grid) / grid, rng.randrange(grid) / grid) for _ in range(n)]
+        brute = [i for i, (x, y) in enumerate(points)
+                 if not any(a >= x and b >= y and (a, b) != (x, y) for a, b in points)]
+        assert sorted(pareto_front(points)) == brute, points
+
+
+def test_comparisons_use_the_cells_all_configurations_completed(run_dir):
     cells = load_cells(run_dir)
-    assert len(cells) == 18 and sum(not c.complete for c in cells) == 1
-    (report,) = summarize(cells)
-    assert [s.method for s in report.methods] == ["full", "bad", "elastic", "streaming"]  # full first
-    assert report.tasks == ["lb_qa", "ruler_niah"] and report.lengths == [1024, 2048]
-    full, bad, elastic, streaming = report.methods
+    assert len(cells) == 19 and sum(not c.complete for c in cells) == 2
+    (comparison,) = summarize(cells)
+    assert [c.label for c in comparison.configs] == ["full", "bad", "elastic", "streaming"]  # full first
+    assert comparison.tasks == ["lb_qa", "ruler_niah_single_1"] and comparison.lengths == [1024, 2048]
+    full, bad, elastic, streaming = comparison.configs
     assert full.score == pytest.approx(65.0)  # the 4096 cell of full alone is excluded
-    assert elastic.task_scores == {"lb_qa": 35.0, "ruler_niah": 85.0}
     assert elastic.omega_esr == pytest.approx(0.4) and elastic.omega_msr == pytest.approx(0.8)
     assert streaming.speedup == pytest.approx(2.0) and elastic.speedup == pytest.approx(1.6)
-    frontiers = {f.axis: f.methods for f in report.frontiers}
+    frontiers = {f.axis: f.labels for f in comparison.frontiers}
     assert frontiers == {"omega_esr": ["full", "elastic", "streaming"], "speedup": ["full", "elastic", "streaming"]}
-    assert [(c.method, c.length) for c in report.excluded] == [("full", 4096)]
-    assert [(c.method, c.error) for c in report.failed] == [("streaming", "out of memory at 4096 tokens (rank 0)")]
+    assert [(c.method, c.length) for c in comparison.excluded] == [("full", 4096)]
+    assert {c.method for c in comparison.failed} == {"elastic", "streaming"}
+    assert full.routes_per_prompt  # the fixture's decisions alternate between samples
+
+
+def test_benchmark_tables_group_tasks_and_average_them(run_dir):
+    (comparison,) = summarize(load_cells(run_dir))
+    found = dict(benchmark_tables(comparison))
+    assert set(found) == {"RULER", "lb_qa"}  # an unknown task is a benchmark of its own
+    ruler = {t.id: t for t in found["RULER"]}
+    by_length = ruler["ruler-length"].frame
+    assert by_length.loc["elastic", "1024"] == pytest.approx(85.0) and by_length.loc["elastic", "average"] == 85.0
+    matrix = ruler["ruler-task-length"].frame
+    assert matrix.loc["average @ 2048", "bad"] == pytest.approx(50.0)
+    assert ruler["ruler-msr"].frame.loc["ruler_niah_single_1", "streaming"] == pytest.approx(1.2)
+    assert ruler["ruler-score"].formatted().loc["average", "elastic"] == "85.00"  # scores: 2 decimals everywhere
+    assert ruler["ruler-esr"].formatted().loc["average", "elastic"] == "0.400"  # sparsities: 3
+
+
+def test_adaptive_sparsity_puts_the_categories_side_by_side(tmp_path):
+    for method, msr in (("full", 0.0), ("elastic", None)):
+        for task, category, esr in (("testbed_niah_single", "sensitive", 0.1), ("testbed_repeat", "robust", 0.45)):
+            _cell(tmp_path, method, task, 1024, 100.0, 0.0 if msr == 0.0 else esr, 1.0, category=category)
+    (comparison,) = summarize(load_cells(tmp_path))
+    table = adaptive_sparsity(comparison).frame
+    assert table.loc["elastic", "ΩMSR · sensitive"] == pytest.approx(0.2)
+    assert table.loc["elastic", "ΩMSR · robust"] == pytest.approx(0.9)
+    assert table.loc["full", "ΩMSR · robust"] == 0.0
+    testbed = {t.id: t for t in dict(benchmark_tables(comparison))["testbed"]}
+    assert list(testbed["testbed-category"].frame.columns) == ["robust", "sensitive", "average"]
+
+
+def test_labels_are_short_and_never_show_absolute_paths(tmp_path):
+    folder = "duo_attention-pattern=%2Fhome%2Fx%2FMeta-Llama-3.1-8B-Instruct-sparsity=0.7"
+    options = {"pattern": "/home/x/Meta-Llama-3.1-8B-Instruct", "sparsity": 0.7, "sink": 64}
+    assert short_label(folder, "duo_attention", options) == "duo_attention (pattern=Meta-Llama-3.1-8B-Instruct, s=0.7)"
+    assert short_label("full", "full", {}) == "full"
+    _cell(tmp_path, folder, "t", 1024, 50.0, 0.3, 1.0, options=options)
+    write_report(summarize(load_cells(tmp_path)), tmp_path / "out", source="x")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "/home/x" not in md and "%2F" not in md
+    assert "pattern=Meta-Llama-3.1-8B-Instruct, sparsity=0.7, sink=64" in md  # the legend: every option
+    assert run_names(["a/demo", "b/demo"]) == ["a/demo", "b/demo"] and run_names(["x/a", "x/b"]) == ["a", "b"]
+
+
+def test_paired_differences_match_samples_by_id(tmp_path):
+    _cell(tmp_path, "full", "t", 1024, 75.0, 0.0, 1.0, scores=[1, 1, 1, 0])
+    _cell(tmp_path, "streaming", "t", 1024, 25.0, 0.5, 1.0, scores=[1, 0, 0, 0])
+    (comparison,) = summarize(load_cells(tmp_path))
+    row = pair_differences(comparison).frame.loc["full − streaming"]
+    assert row["Δ score"] == pytest.approx(50.0) and row["samples"] == 4
+    assert (row["95% low"], row["95% high"]) == (0.0, 100.0)  # differences 0, 100, 100, 0
 
 
 def test_without_full_there_is_no_speedup(tmp_path):
     _cell(tmp_path, "streaming", "t", 1024, 10.0, 0.5, 1.0)
     _cell(tmp_path, "elastic", "t", 1024, 20.0, 0.2, 1.0)
-    (report,) = summarize(load_cells(tmp_path))
-    assert [f.axis for f in report.frontiers] == ["omega_esr"]
-    assert all(s.speedup is None for s in report.methods)
+    (comparison,) = summarize(load_cells(tmp_path))
+    assert [f.axis for f in comparison.frontiers] == ["omega_esr"]
+    assert all(c.speedup is None for c in comparison.configs)
 
 
-def test_report_files_render_tables_frontiers_and_failures(run_dir, tmp_path):
+def test_report_files_render_tables_plots_and_failures_folded(run_dir, tmp_path):
     written = write_report(summarize(load_cells(run_dir)), tmp_path / "out", source=str(run_dir))
-    assert sorted(p.name for p in written) == ["m__omega_esr.svg", "m__speedup.svg", "report.html", "report.md"]
+    names = sorted(p.name for p in written)
+    assert "report.html" in names and "report.md" in names
+    pngs = [p for p in written if p.suffix == ".png"]
+    assert {"m-frontier-omega-esr.png", "m-frontier-speedup.png", "m-ruler-length.png", "m-routing-0.png"} <= \
+        {p.name for p in pngs}
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in pngs)
     md = (tmp_path / "out" / "report.md").read_text()
-    row = "| elastic | 60.00 | 35.00 | 85.00 | 0.800 | 0.400 | 1.250 | split | NVIDIA H200 | 1.60 | omega_esr, speedup"
-    assert row + " |" in md  # prefill: the cells' medians
-    assert "| bad | 25.00 | 0.00 | 50.00 | 0.600 | 0.300 | 1.500 | split | NVIDIA H200 | 1.33 | – |" in md
+    assert all(f"]({p.name})" in md for p in pngs)  # every plot beside the Markdown, linked
+    assert _row(md, "elastic") == ["elastic", "60.00", "0.800", "0.400", "1.250", "1.60", "split", "NVIDIA H200",
+                                   "ΩESR, speedup"]
+    assert _row(md, "bad") == ["bad", "25.00", "0.600", "0.300", "1.500", "1.33", "split", "NVIDIA H200", "–"]
     assert "does not measure kernel speed" not in md
-    assert "Pareto frontier, score vs ΩESR (fraction of causal pairs skipped): full → elastic → streaming" in md
-    assert "- full · ruler_niah · 4096" in md and "- streaming · ruler_niah · 4096: out of memory" in md
+    # the two failed cells share one message: it is printed once, with both cells
+    assert md.count("out of memory at 4096 tokens") == 1
+    assert "- out of memory at 4096 tokens (rank 0): m · elastic · ruler_niah_single_1 · 4096, m · streaming" in md
+    assert "- m · full: not run or not complete elsewhere: ruler_niah_single_1 · 4096" in md
     html = (tmp_path / "out" / "report.html").read_text()
-    assert html.count("<svg") == 2 and "<td>elastic</td>" in html
-    svg = xml.dom.minidom.parse(str(tmp_path / "out" / "m__omega_esr.svg"))
-    assert len(svg.getElementsByTagName("circle")) == 4
-    frontier = svg.getElementsByTagName("polyline")[0].getAttribute("points").split()
-    assert len(frontier) == 3
+    assert html.count("data:image/png;base64,") == len(pngs) and "<svg" not in html
+    assert html.count('<table class="sortable">') == md.count("\n|:")  # every table of the Markdown is there
+    assert "http://" not in html.replace("http-equiv", "") and "https://" not in html  # no address to fetch
+
+
+def test_compare_puts_runs_side_by_side_on_the_cells_all_completed(run_dir, tmp_path):
+    other = tmp_path / "other"
+    for task in ("ruler_niah_single_1", "lb_qa"):
+        _cell(other, "elastic", task, 1024, 50.0, 0.5, 1.0)  # only 1024: the comparison keeps 1024
+    cells = load_cells(run_dir, run="run") + load_cells(other, run="other")
+    (comparison,) = compare(cells)
+    assert comparison.lengths == [1024]
+    assert [c.label for c in comparison.configs] == ["run · full", "run · bad", "run · elastic", "run · streaming",
+                                                     "other · elastic"]
+    assert comparison.configs[-1].speedup is None  # the other run has no full
+    pairs = {(p.a, p.b): p.difference for p in comparison.pairs()}
+    assert len(pairs) == 10 and pairs[("run · elastic", "other · elastic")].mean == pytest.approx(10.0)
+    assert cli.main(["compare", str(run_dir), str(other), "--output", str(tmp_path / "cmp")]) == 0
+    md = (tmp_path / "cmp" / "report.md").read_text()
+    assert "**Methods × runs**" in md and "score · other" in md and "run · elastic − other · elastic" in md
 
 
 def test_cli_writes_the_report_and_rejects_bad_input(run_dir, tmp_path, capsys):
     assert cli.main(["report", str(run_dir)]) == 0
     assert (run_dir / "report" / "report.html").exists()
     assert "report written to" in capsys.readouterr().out
-    assert cli.main(["report", str(tmp_path / "missing")]) != 0
-    assert "no run folder" in capsys.readouterr().err
+    for argv, message in ((["report", str(tmp_path / "missing")], "no run folder"),
+                          (["compare", str(run_dir)], "two or more run folders"),
+                          (["compare", str(run_dir), str(tmp_path / "missing")], "no run folder"),
+                          (["compare", str(run_dir), str(run_dir) + "/"], "given twice")):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
     (tmp_path / "empty").mkdir()
-    assert cli.main(["report", str(tmp_path / "empty")]) != 0
+    assert cli.main(["report", str(tmp_path / "empty")]) == 2
     assert "holds no results" in capsys.readouterr().err
     (run_dir / "m" / "full" / "lb_qa" / "1024" / "metrics.json").write_text(json.dumps({"score": 1}))
-    assert cli.main(["report", str(run_dir)]) != 0
+    assert cli.main(["report", str(run_dir)]) == 2
     assert "is not a cell's metrics.json" in capsys.readouterr().err
 
 
 def test_reports_import_no_torch():
-    import subprocess
-    import sys
-
     code = "import sys, elastic_bench.reports; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
@@ -124,4 +227,4 @@ def test_speedups_timed_on_the_cpu_or_the_reference_backend_are_marked(tmp_path)
     _cell(tmp_path, "streaming", "t", 1024, 40.0, 0.5, 4.0, device="cpu (x86_64)", backend="reference")
     write_report(summarize(load_cells(tmp_path)), tmp_path / "out", source=str(tmp_path))
     md = (tmp_path / "out" / "report.md").read_text()
-    assert "| reference | cpu (x86_64) | 0.50 * |" in md and "does not measure kernel speed" in md
+    assert _row(md, "streaming")[5:8] == ["0.50 *", "reference", "cpu (x86_64)"] and "does not measure kernel" in md

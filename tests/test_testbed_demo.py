@@ -46,6 +46,20 @@ def test_reduced_demo_runs_every_method_on_the_testbed(tmp_path, capsys):
     report = (output / "report" / "report.md").read_text()
     assert all(f"| {name}" in report for name in method_names())
     assert "Pareto frontier, score vs ΩESR" in report and (output / "report" / "report.html").exists()
+    # and the report of the shipped router target sweep: every configuration of it, and its frontier
+    sweep_run = TESTBED_DIR / "sweep_run" / "testbed"
+    sweep = (output / "sweep_report" / "report.md").read_text()
+    assert all(d.name in sweep for d in sweep_run.iterdir()) and "Pareto frontier, score vs ΩESR" in sweep
+    assert f"router target sweep (precomputed): {output / 'sweep_report' / 'report.html'}" in printed
+    # the shipped router is the sweep's router of its target: on the same prompts (CPU here, H200 there) it routes
+    # every KV head the same way
+    target = json.loads((TESTBED_DIR / "elastic_router" / "router_config.json").read_text())["training"]["targets"]
+    routed = sorted(output.glob("testbed/elastic/*/1024/predictions.jsonl"))
+    assert len(routed) == 4
+    for path in routed:
+        swept = sweep_run / f"elastic-router=sensitive_{target['sensitive']}" / path.parent.parent.name / "1024"
+        first = json.loads((swept / "predictions.jsonl").read_text().splitlines()[0])
+        assert json.loads(path.read_text().splitlines()[0])["decisions"] == first["decisions"]
 
 
 def test_head_ablation_finds_the_shipped_retrieval_heads_and_writes_duo_gates(tmp_path):

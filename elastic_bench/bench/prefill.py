@@ -47,6 +47,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from elastic_bench.attention import attention_implementation
+from elastic_bench.bench import provenance_line
 from elastic_bench.interface import AttentionCall, Method
 from elastic_bench.kernels import BlockSelection, HeadPlan, Mode
 from elastic_bench.method.modes import ModeConfig
@@ -538,9 +539,7 @@ def format_table(report: dict[str, Any]) -> str:
             f"{fmt('routing_fraction', '.1f', 100):>6} {_backend_label(r):14} {fmt('peak_gib', '.1f'):>6}  "
             + ", ".join(notes)
         )
-    prov = report.get("provenance")
-    if prov:
-        versions = ", ".join(f"{k} {v}" for k, v in prov["versions"].items() if v)
-        code = f"code {prov.get('git_hash') or 'outside git'}, source digest {prov.get('source_digest')}"
-        lines.append(f"{prov['date']} · {prov['device']} · {report['config']['model']} · {versions} · {code}")
+    footer = provenance_line(report)
+    if footer:
+        lines.append(footer)
     return "\n".join(lines)

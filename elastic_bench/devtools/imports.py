@@ -36,7 +36,8 @@ LAYERS: list[tuple[str, bool, list[str]]] = [  # (layer, separate, entries)
     ("pillars", True, ["elastic_bench.kernels", "elastic_bench.tasks", "elastic_bench.reports"]),
     ("testbed runtime", False, ["elastic_bench.testbed"]),
     ("core", False, [
-        "elastic_bench.interface", "elastic_bench.attention", "elastic_bench.baselines", "elastic_bench.models",
+        "elastic_bench.interface", "elastic_bench.kv_cache", "elastic_bench.attention", "elastic_bench.baselines",
+        "elastic_bench.models",
         "elastic_bench.generation", "elastic_bench.distributed", "elastic_bench.training", "elastic_bench.records",
         "elastic_bench.results",
         "elastic_bench.provenance",

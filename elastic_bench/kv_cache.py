@@ -1,0 +1,221 @@
+"""The KV cache elastic-bench decodes with: a transformers `Cache` whose layers are packed after prefill, keeping for
+each (sample, KV head) only what the method's decode steps will attend.
+
+Design decisions:
+- `PackedCache` is a transformers `Cache` of `PackedLayer` layers (each a `DynamicLayer` until packed), so
+  ``generate`` and the harness's greedy loop take it unchanged; inside `elastic_bench.apply` it replaces the empty
+  `DynamicCache` a generation starts with (``kv_cache=`` of `apply` chooses).
+- A layer holds its prompt densely until the prefill attention of that layer has run; the glue then packs it
+  (`PackedLayer.pack`) by the method's decode plan, so a long prompt never holds more than one dense layer beyond the
+  packed ones. Rows are (sample, KV head) pairs, stored one after another (`elastic_bench.kernels.decode.PackedKV`):
+  a FULL row keeps the sample's tokens (its left padding dropped) and room for ``GROW`` more; a STREAMING row of an
+  evicting cache keeps ``sink_end`` sink slots and a ring of ``window_span`` slots, the newest token overwriting the
+  oldest, so its storage never grows; without eviction it is kept whole and its window is applied by mask
+  (upstream's behaviour).
+- A decode step writes the new token into each row's slot (``index_copy_`` at positions computed on the device: no
+  concatenation, no host synchronisation) and returns the new token's states; the attention glue reads the packed
+  layer instead (`elastic_bench.kernels.decode.decode_attention`, one call per layer). When the kept rows' room is
+  used up, the layer is reallocated with ``GROW`` more slots per kept row.
+- Decode plans with BLOCK_SPARSE heads or a chunked geometry are refused when packing (no method decodes so).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+from elastic_bench.kernels import HeadPlan, Mode
+from elastic_bench.kernels.decode import PackedKV
+
+GROW = 256  # decode tokens of room per kept row, added again whenever it runs out
+CACHE_KEYWORDS = ("cache", "past_key_values")  # a forward's cache argument: transformers >= 5.24, and before
+
+
+def cache_keyword(model) -> str:
+    """The name under which ``model``'s forward takes its KV cache (``cache``, or ``past_key_values`` before
+    transformers 5.24)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def returned_cache(output) -> Cache | None:
+    """The KV cache a forward's output carries (``output.cache``, or ``output.past_key_values`` before 5.24)."""
+    return output.get("cache", output.get("past_key_values"))
+
+
+class PackedLayer(DynamicLayer):
+    """One layer of a `PackedCache`: a `DynamicLayer` until `pack`, then packed rows (`packed`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.packed: PackedKV | None = None
+
+    # ---- packing -------------------------------------------------------------------------------------------------
+
+    def pack(self, plan: HeadPlan, starts: list[int], evict: bool) -> None:
+        """Pack the dense prompt ``[B, H, L, D]`` by the decode ``plan``.
+
+        Args:
+            plan: the method's decode plan of this layer (modes ``[B, H]``, FULL or STREAMING).
+            starts: the first real token of each sample (left padding before it is dropped).
+            evict: keep only sink + window of STREAMING rows (else keep them whole, masked at decode).
+        """
+        modes = plan.modes.cpu()
+        if bool((modes == Mode.BLOCK_SPARSE).any()):
+            raise ValueError("a packed KV cache takes decode plans of FULL and STREAMING heads only")
+        streaming = modes == Mode.STREAMING
+        geometry = plan.streaming
+        if geometry.chunk_starts and bool(streaming.any()):
+            raise ValueError("a packed KV cache takes unchunked streaming geometries at decode")
+        keys, values = self.keys, self.values
+        B, H, L, D = keys.shape
+        sink, span = geometry.sink_end(plan.block_size), geometry.window_span(plan.block_size)
+        ring = streaming & evict
+        lengths = [L - s for s in starts]
+        caps = [sink + span if ring[b, h] else lengths[b] + GROW for b in range(B) for h in range(H)]
+        offsets = torch.tensor([0, *caps[:-1]], dtype=torch.long).cumsum(0)
+        total = sum(caps)
+        dense_k, dense_v = keys.new_zeros((total, D)), values.new_zeros((total, D))
+        positions = torch.full((total,), -1, dtype=torch.int32, device=keys.device)
+        for b in range(B):
+            n = lengths[b]
+            for h in range(H):
+                r = b * H + h
+                kept = torch.arange(n, device=keys.device)
+                if ring[b, h]:
+                    kept = torch.cat([kept[: min(sink, n)], kept[max(sink, n - span):]])
+                    slots = torch.where(kept < sink, kept, sink + (kept - sink) % span)
+                else:
+                    slots = kept
+                slots = slots + int(offsets[r])
+                dense_k[slots] = keys[b, h, starts[b] + kept]
+                dense_v[slots] = values[b, h, starts[b] + kept]
+                positions[slots] = kept.int()
+        device = keys.device
+        self.tokens = L
+        self.steps = 0
+        self.room = GROW
+        self.geometry, self.block_size = geometry, plan.block_size
+        self.last = torch.tensor(lengths, dtype=torch.int32, device=device).repeat_interleave(H) - 1  # [R]
+        self.streaming = streaming.reshape(-1).to(device)
+        self.ring = ring.reshape(-1).to(device)
+        self.ring_sink, self.ring_span = sink, span
+        self.kept_rows = [r for r in range(B * H) if not bool(ring.reshape(-1)[r])]
+        sink_end = torch.where(self.streaming, sink, 0).int()
+        self.packed = PackedKV(
+            dense_k, dense_v, positions, offsets.to(device), torch.tensor(caps, dtype=torch.int32, device=device),
+            self._window_start(self.last), sink_end, max(caps),
+        )
+        self.num_kv_heads, self.head_dim = H, D
+        self.keys = self.values = None  # the dense prompt is released
+
+    def _window_start(self, pos: torch.Tensor) -> torch.Tensor:
+        return torch.where(self.streaming, self.geometry.window_start(pos, self.block_size), 0).int()
+
+    # ---- decoding ------------------------------------------------------------------------------------------------
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Dense: transformers' `DynamicLayer.update`. Packed: write the new token (``[B, H, 1, D]``) into its slots
+        and return its states (the glue attends the packed rows)."""
+        if self.packed is None:
+            return super().update(key_states, value_states, *args, **kwargs)
+        if key_states.shape[2] != 1:
+            raise NotImplementedError("a packed KV cache continues one token at a time; for a prefill fed in chunks "
+                                      "by the caller use kv_cache='dynamic'")
+        self.steps += 1
+        self.tokens += 1
+        if self.steps > self.room:
+            self._grow()
+        kv = self.packed
+        pos = self.last + self.steps  # [R] the new token's position in each row's sample
+        wrap = self.ring & (pos >= self.ring_sink)
+        slot = kv.offsets + torch.where(wrap, self.ring_sink + (pos - self.ring_sink) % self.ring_span, pos)
+        rows = kv.num_rows
+        kv.keys.index_copy_(0, slot, key_states.reshape(rows, -1))
+        kv.values.index_copy_(0, slot, value_states.reshape(rows, -1))
+        kv.positions.index_copy_(0, slot, pos)
+        kv.window_start = self._window_start(pos)
+        return key_states, value_states
+
+    def _grow(self) -> None:
+        """Reallocate with ``GROW`` more slots for every kept row."""
+        kv = self.packed
+        old_caps = kv.slots.tolist()
+        caps = [c + GROW if r in self.kept_rows else c for r, c in enumerate(old_caps)]
+        offsets = torch.tensor([0, *caps[:-1]], dtype=torch.long).cumsum(0)
+        total, width = sum(caps), kv.keys.shape[1]
+        keys, values = kv.keys.new_zeros((total, width)), kv.values.new_zeros((total, width))
+        positions = torch.full((total,), -1, dtype=torch.int32, device=kv.keys.device)
+        for old, new, cap in zip(kv.offsets.tolist(), offsets.tolist(), old_caps):
+            keys[new : new + cap] = kv.keys[old : old + cap]
+            values[new : new + cap] = kv.values[old : old + cap]
+            positions[new : new + cap] = kv.positions[old : old + cap]
+        device = kv.keys.device
+        self.packed = PackedKV(keys, values, positions, offsets.to(device),
+                               torch.tensor(caps, dtype=torch.int32, device=device), kv.window_start, kv.sink_end,
+                               max(caps))
+        self.room += GROW
+
+    # ---- what transformers asks of a layer -----------------------------------------------------------------------
+
+    def get_seq_length(self) -> int:
+        return self.tokens if self.packed is not None else super().get_seq_length()
+
+    def nbytes(self) -> int:
+        """Bytes held: the packed slots, or the dense keys and values."""
+        if self.packed is not None:
+            return self.packed.nbytes()
+        return sum(t.numel() * t.element_size() for t in (self.keys, self.values) if t is not None)
+
+    def full_nbytes(self) -> int:
+        """Bytes a `DynamicCache` would hold for the same tokens (``[B, H, tokens, D]`` keys and values)."""
+        if self.packed is None:
+            return self.nbytes()
+        kv = self.packed
+        return kv.num_rows * self.tokens * self.head_dim * (kv.keys.element_size() + kv.values.element_size())
+
+    def reset(self) -> None:
+        self.packed = None
+        super().reset()
+
+    def _refuse(self, what: str) -> None:
+        if self.packed is not None:
+            raise NotImplementedError(f"a packed KV cache cannot {what}; use kv_cache='dynamic'")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self._refuse("be cropped")
+        super().crop(tokens_to_remove)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._refuse("reorder its batch (beam search)")
+        super().reorder_cache(beam_idx)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._refuse("repeat its batch")
+        super().batch_repeat_interleave(repeats)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._refuse("select from its batch")
+        super().batch_select_indices(indices)
+
+
+class PackedCache(Cache):
+    """A transformers cache of `PackedLayer` layers (created lazily, one per attention layer).
+
+    Args:
+        evict: STREAMING rows keep sink + window only (True), or every token (False: decode applies the window by
+            mask, as upstream).
+    """
+
+    def __init__(self, evict: bool = True):
+        super().__init__(layer_class_to_replicate=PackedLayer)
+        self.evict = evict
+
+    def nbytes(self) -> int:
+        """Bytes of keys, values and slot positions held by all layers."""
+        return sum(layer.nbytes() for layer in self.layers)
+
+    def full_nbytes(self) -> int:
+        """Bytes a `DynamicCache` would hold for the same tokens."""
+        return sum(layer.full_nbytes() for layer in self.layers)

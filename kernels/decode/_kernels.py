@@ -1,0 +1,72 @@
+"""Triton programs of the decode kernel (`fused`); importing this module imports Triton."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def decode_partial(
+    Q, K, V, POS, OFFSETS, SLOTS, WINDOW_START, SINK_END, PARTIAL, STATS, scale, per_split, splits, stat_stride,
+    G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
+):
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    base = tl.load(OFFSETS + row)  # int64
+    n = tl.load(SLOTS + row)
+    lo = tl.load(WINDOW_START + row)
+    sink = tl.load(SINK_END + row)
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, D)
+    q = tl.load(Q + (row * G + g)[:, None] * D + d[None, :], mask=(g < G)[:, None], other=0.0)
+    m_i = tl.full((G_PAD,), float("-inf"), tl.float32)
+    l_i = tl.zeros((G_PAD,), tl.float32)
+    acc = tl.zeros((G_PAD, D), tl.float32)
+    start = split * per_split
+    stop = tl.minimum(start + per_split, n)
+    for j0 in range(start, stop, BLOCK_N):
+        j = j0 + tl.arange(0, BLOCK_N)
+        inside = j < stop
+        pos = tl.load(POS + base + j, mask=inside, other=-1)
+        visible = inside & (pos >= 0) & ((pos >= lo) | (pos < sink))
+        k = tl.load(K + (base + j)[:, None] * D + d[None, :], mask=visible[:, None], other=0.0)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(visible[None, :], s * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        v = tl.load(V + (base + j)[:, None] * D + d[None, :], mask=visible[:, None], other=0.0)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+    item = (row * splits + split) * G + g
+    tl.store(PARTIAL + item[:, None] * D + d[None, :], acc, mask=(g < G)[:, None])
+    tl.store(STATS + item, m_i, mask=g < G)
+    tl.store(STATS + stat_stride + item, l_i, mask=g < G)
+
+
+@triton.jit
+def combine(PARTIAL, STATS, OUT, splits, stat_stride, G: tl.constexpr, D: tl.constexpr, SPLITS_PAD: tl.constexpr):
+    head = tl.program_id(0)  # row * G + g
+    row = head // G
+    g = head % G
+    s = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, D)
+    item = (row * splits + s) * G + g
+    live = s < splits
+    m = tl.load(STATS + item, mask=live, other=float("-inf"))
+    weight = tl.load(STATS + stat_stride + item, mask=live, other=0.0)
+    m_max = tl.max(m, 0)
+    w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_max))
+    o = tl.load(PARTIAL + item[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
+    total = tl.maximum(tl.sum(w * weight, 0), 1e-30)
+    out = tl.sum(o * w[:, None], 0) / total
+    tl.store(OUT + head * D + d, out.to(OUT.dtype.element_ty))

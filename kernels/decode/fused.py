@@ -1,0 +1,64 @@
+"""The Triton decode kernel (``backend="triton"``): split-K attention of one query per row over packed slots.
+
+One program takes one row (a sample's KV head) and one split of its slots; it loads the row's ``G`` query heads once
+(padded to 16 for the tensor-core dot) and walks its slots in ``BLOCK_N`` steps with an online softmax in fp32.
+Splits spread a long row over the GPU (a batch of one at 128K tokens has only ``H`` rows); a second launch combines
+the splits' partial results by their log-sum-exp. Short rows (a streaming row's sink + window) finish in their first
+split and leave the others empty. Imported on first use; Triton is imported by `_kernels`.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+import torch
+
+BLOCK_N = 64
+PROGRAMS_PER_SM = 4  # target splits · rows per streaming multiprocessor
+
+
+def available(device: torch.device) -> bool:
+    """Triton on a CUDA device, or on the CPU under ``TRITON_INTERPRET=1``."""
+    if importlib.util.find_spec("triton") is None:
+        return False
+    if device.type == "cuda":
+        return torch.cuda.is_available()
+    return device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.cache
+def _processors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def _splits(rows: int, max_slots: int, device: torch.device) -> tuple[int, int]:
+    """(splits per row, slots per split): enough programs to fill the GPU, each a whole number of ``BLOCK_N``."""
+    blocks = max(-(-max_slots // BLOCK_N), 1)
+    splits = min(max(-(-PROGRAMS_PER_SM * _processors(device) // rows), 1), blocks)
+    per_split = -(-blocks // splits) * BLOCK_N
+    return -(-max_slots // per_split) if max_slots else 1, per_split
+
+
+def triton_decode_attention(q: torch.Tensor, kv, scale: float) -> torch.Tensor:
+    """``q [R, G, D]`` over `PackedKV` ``kv`` → ``[R, G, D]`` in ``q.dtype``."""
+    from ._kernels import combine, decode_partial
+
+    R, G, D = q.shape
+    if D < 16 or D & (D - 1):
+        raise ValueError(f"the Triton decode kernel needs a power-of-two head_dim >= 16, got {D}")
+    q = q.contiguous()
+    splits, per_split = _splits(R, kv.max_slots, q.device)
+    out = torch.empty_like(q)
+    partial = torch.empty((R, splits, G, D), dtype=torch.float32, device=q.device)
+    stats = torch.empty((2, R, splits, G), dtype=torch.float32, device=q.device)  # running max, sum of weights
+    g_pad = max(16, 1 << (G - 1).bit_length())
+    decode_partial[(R, splits)](
+        q, kv.keys, kv.values, kv.positions, kv.offsets, kv.slots, kv.window_start, kv.sink_end, partial, stats,
+        scale, per_split, splits, R * splits * G,
+        G=G, G_PAD=g_pad, D=D, BLOCK_N=BLOCK_N, IEEE=q.dtype == torch.float32, num_warps=4,
+    )
+    combine[(R * G,)](partial, stats, out, splits, R * splits * G, G=G, D=D,
+                      SPLITS_PAD=max(1 << (splits - 1).bit_length(), 2), num_warps=4)
+    return out

@@ -1,0 +1,23 @@
+"""Reference decode attention over a packed cache: gather each row's slots, mask the invisible ones, softmax."""
+
+from __future__ import annotations
+
+import torch
+
+
+def naive_decode_attention(q: torch.Tensor, kv, scale: float) -> torch.Tensor:
+    """``q [R, G, D]`` (the G query heads of each row) over `PackedKV` ``kv`` → ``[R, G, D]`` in ``q.dtype``;
+    computed in fp32."""
+    R = kv.num_rows
+    span = torch.arange(max(kv.max_slots, 1), device=q.device)
+    index = (kv.offsets[:, None] + span[None]).clamp(max=kv.keys.shape[0] - 1)  # [R, S]
+    inside = span[None] < kv.slots[:, None]
+    pos = kv.positions[index]
+    visible = inside & (pos >= 0) & ((pos >= kv.window_start[:, None]) | (pos < kv.sink_end[:, None]))
+    hidden = ~visible[..., None]  # what an invisible slot holds never reaches the output (not even a NaN)
+    keys = kv.keys[index].float().masked_fill(hidden, 0.0)  # [R, S, D]
+    values = kv.values[index].float().masked_fill(hidden, 0.0)
+    scores = torch.einsum("rgd,rsd->rgs", q.float(), keys) * scale
+    scores = scores.masked_fill(~visible[:, None], float("-inf"))
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a row without a visible slot gives zeros
+    return torch.einsum("rgs,rsd->rgd", weights, values).to(q.dtype).reshape(R, -1, q.shape[-1])
