@@ -102,19 +102,20 @@ class MethodHandle:
         self.meter = SparsityMeter()
         self.prefill_backends: Counter[str] = Counter()
         self.cache: PackedCache | None = None  # the packed cache of the running forward
-        self.cache_bytes: tuple[int, int] | None = None  # (held, a DynamicCache's) after the last cached forward
+        self.last_cache: PackedCache | None = None  # that of the last generation, until the next forward or reset
 
     def reset(self) -> None:
         """Forget the samples recorded so far (call between prompts)."""
         self.meter.reset()
         self.prefill_backends.clear()
-        self.cache_bytes = None
+        self.last_cache = None
 
     def begin_forward(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
         """Forward pre-hook: a new meter forward, and a `PackedCache` in place of an empty `DynamicCache`."""
         from transformers import DynamicCache
 
         self.meter.new_forward()
+        self.last_cache = None  # released before this forward allocates
         name = next((n for n in CACHE_KEYWORDS if kwargs.get(n) is not None), None)
         past = kwargs[name] if name else None
         if self.kv_cache != "dynamic" and type(past) is DynamicCache and past.get_seq_length() == 0 \
@@ -124,10 +125,9 @@ class MethodHandle:
         return args, kwargs
 
     def end_forward(self) -> None:
-        """Forward hook: remember what the cache holds (it is released with the generation)."""
-        if self.cache is not None:
-            self.cache_bytes = (self.cache.nbytes(), self.cache.full_nbytes())
-        self.cache = None
+        """Forward hook: the packed cache stays readable by `stats` until the next forward (decode steps replayed as a
+        CUDA graph run no hook, but count their tokens in the cache)."""
+        self.last_cache, self.cache = self.cache, None
 
     def stats(self) -> dict[str, Any]:
         """``omega_msr``, ``omega_esr``, ``omega_esr_last_row`` (means over samples), ``per_sample`` values,
@@ -138,7 +138,8 @@ class MethodHandle:
             key: sum(s[key] for s in per_sample) / len(per_sample) if per_sample else float("nan")
             for key in ("omega_msr", "omega_esr", "omega_esr_last_row")
         }
-        cache = {"kv_bytes": self.cache_bytes[0], "kv_bytes_full": self.cache_bytes[1]} if self.cache_bytes else {}
+        held = self.last_cache
+        cache = {"kv_bytes": held.nbytes(), "kv_bytes_full": held.full_nbytes()} if held is not None else {}
         return {**means, "num_samples": len(per_sample), "per_sample": per_sample,
                 "prefill_backends": dict(self.prefill_backends), **cache, **self.method.extra_stats()}
 

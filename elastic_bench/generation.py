@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from elastic_bench.kv_cache import cache_keyword, returned_cache
+from elastic_bench.kv_cache import PackedCache, cache_keyword, returned_cache
 
 
 @dataclass
@@ -70,16 +70,48 @@ def warm_up(model, input_ids: list[int]) -> None:
     _sync(device)
 
 
+class DecodeGraph:
+    """One decode step of a batch-1 ``model`` over a `PackedCache`, captured as a CUDA graph and replayed.
+
+    The step's inputs (token and position) live in static tensors; the cache's writes use device-side positions
+    (`PackedLayer.step`), so a replay repeats the step one position further. Capturing runs the step's Python once: the
+    cache counts that step then, and `step` counts every later one on the host. The cache must have room for every
+    step (`PackedCache.reserve`). Warm up with eager steps first (they compile the kernels).
+    """
+
+    def __init__(self, model, cache, position: int):
+        device = next(model.parameters()).device
+        self.cache = cache
+        self.ids = torch.zeros((1, 1), dtype=torch.long, device=device)
+        self.positions = torch.full((1, 1), position, dtype=torch.long, device=device)
+        self.graph = torch.cuda.CUDAGraph()
+        self.pending = True  # the captured step is counted but not yet computed
+        with torch.cuda.graph(self.graph):
+            self.logits, _ = _forward(model, self.ids, cache, position_ids=self.positions)
+            self.positions.add_(1)
+
+    def step(self, token: torch.Tensor) -> torch.Tensor:
+        """Logits ``[1, V]`` after ``token`` (``[1]``); the returned tensor is overwritten by the next step."""
+        if not self.pending:
+            self.cache.advance()
+        self.pending = False
+        self.ids.copy_(token.view(1, 1))
+        self.graph.replay()
+        return self.logits
+
+
 @torch.inference_mode()
 def greedy_generate(
-    model, input_ids: list[int], max_new_tokens: int, stop_ids: set[int], min_new_tokens: int = 0
+    model, input_ids: list[int], max_new_tokens: int, stop_ids: set[int], min_new_tokens: int = 0,
+    decode_graphs: bool = False,
 ) -> Generation:
     """Greedy decoding of one prompt.
 
     The prompt is prefilled in one forward (``logits_to_keep=1``), timed with CUDA events on the GPU (`_PrefillTimer`);
     decode steps reuse the KV cache the prefill returned (inside `elastic_bench.apply`, its packed cache). Generation
     stops at a token of ``stop_ids`` (not returned) once ``min_new_tokens`` tokens exist; before that, stop tokens are
-    masked out.
+    masked out. ``decode_graphs`` (CUDA, batch 1, a packed cache): after two eager decode steps, the others replay
+    one CUDA graph of the step (`DecodeGraph`).
     """
     from transformers import DynamicCache
 
@@ -93,6 +125,7 @@ def greedy_generate(
     prefilled = time.perf_counter()
     tokens: list[int] = []
     steps = 0
+    graph = None
     for step in range(max_new_tokens):
         if step < min_new_tokens and stop.numel():
             logits[:, stop] = float("-inf")
@@ -101,7 +134,14 @@ def greedy_generate(
             break
         tokens.append(int(token))
         if step + 1 < max_new_tokens:
-            logits, cache = _forward(model, token[:, None], cache)
+            if graph is not None:
+                logits = graph.step(token)
+            elif decode_graphs and steps == 2 and isinstance(cache, PackedCache):
+                cache.reserve(max_new_tokens - step)
+                graph = DecodeGraph(model, cache, len(input_ids) + step)
+                logits = graph.step(token)
+            else:
+                logits, cache = _forward(model, token[:, None], cache)
             steps += 1
     _sync(device)
     return Generation(tokens, timer.seconds, time.perf_counter() - prefilled, steps)

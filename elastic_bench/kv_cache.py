@@ -94,7 +94,8 @@ class PackedLayer(DynamicLayer):
                 positions[slots] = kept.int()
         device = keys.device
         self.tokens = L
-        self.steps = 0
+        self.steps = 0  # decode tokens written (host); `step` counts them on the device, for CUDA-graph replays
+        self.step = torch.zeros((), dtype=torch.int32, device=keys.device)
         self.room = GROW
         self.geometry, self.block_size = geometry, plan.block_size
         self.last = torch.tensor(lengths, dtype=torch.int32, device=device).repeat_interleave(H) - 1  # [R]
@@ -123,12 +124,12 @@ class PackedLayer(DynamicLayer):
         if key_states.shape[2] != 1:
             raise NotImplementedError("a packed KV cache continues one token at a time; for a prefill fed in chunks "
                                       "by the caller use kv_cache='dynamic'")
-        self.steps += 1
-        self.tokens += 1
+        self.advance()
         if self.steps > self.room:
-            self._grow()
+            self._grow(GROW)
         kv = self.packed
-        pos = self.last + self.steps  # [R] the new token's position in each row's sample
+        self.step.add_(1)
+        pos = self.last + self.step  # [R] the new token's position in each row's sample
         wrap = self.ring & (pos >= self.ring_sink)
         slot = kv.offsets + torch.where(wrap, self.ring_sink + (pos - self.ring_sink) % self.ring_span, pos)
         rows = kv.num_rows
@@ -138,11 +139,22 @@ class PackedLayer(DynamicLayer):
         kv.window_start = self._window_start(pos)
         return key_states, value_states
 
-    def _grow(self) -> None:
-        """Reallocate with ``GROW`` more slots for every kept row."""
+    def advance(self) -> None:
+        """Count one decode token on the host (`update` does; a CUDA-graph replay of a step does the device work)."""
+        self.steps += 1
+        self.tokens += 1
+
+    def reserve(self, tokens: int) -> None:
+        """Room for ``tokens`` more decode tokens in every kept row, so no step reallocates (a CUDA graph needs the
+        storage it was captured on)."""
+        if self.packed is not None and self.steps + tokens > self.room:
+            self._grow(self.steps + tokens - self.room)
+
+    def _grow(self, extra: int) -> None:
+        """Reallocate with ``extra`` more slots for every kept row."""
         kv = self.packed
         old_caps = kv.slots.tolist()
-        caps = [c + GROW if r in self.kept_rows else c for r, c in enumerate(old_caps)]
+        caps = [c + extra if r in self.kept_rows else c for r, c in enumerate(old_caps)]
         offsets = torch.tensor([0, *caps[:-1]], dtype=torch.long).cumsum(0)
         total, width = sum(caps), kv.keys.shape[1]
         keys, values = kv.keys.new_zeros((total, width)), kv.values.new_zeros((total, width))
@@ -155,7 +167,7 @@ class PackedLayer(DynamicLayer):
         self.packed = PackedKV(keys, values, positions, offsets.to(device),
                                torch.tensor(caps, dtype=torch.int32, device=device), kv.window_start, kv.sink_end,
                                max(caps))
-        self.room += GROW
+        self.room += extra
 
     # ---- what transformers asks of a layer -----------------------------------------------------------------------
 
@@ -211,6 +223,16 @@ class PackedCache(Cache):
     def __init__(self, evict: bool = True):
         super().__init__(layer_class_to_replicate=PackedLayer)
         self.evict = evict
+
+    def reserve(self, tokens: int) -> None:
+        """Room for ``tokens`` more decode tokens in every layer (`PackedLayer.reserve`)."""
+        for layer in self.layers:
+            layer.reserve(tokens)
+
+    def advance(self) -> None:
+        """Count one decode token in every layer on the host (after a CUDA-graph replay of a step)."""
+        for layer in self.layers:
+            layer.advance()
 
     def nbytes(self) -> int:
         """Bytes of keys, values and slot positions held by all layers."""

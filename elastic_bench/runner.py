@@ -58,6 +58,7 @@ class RunConfig:
         kv_cache: what generation decodes with: ``evicting`` (a packed cache; heads a method decodes as streaming keep
             sink + window only), ``full`` (a packed cache keeping every token, as upstream) or ``dynamic``
             (transformers' DynamicCache attended by the prefill kernels).
+        decode_graphs: replay decode steps as one CUDA graph (CUDA and a packed cache; after two eager steps).
         device: cuda, cpu, cuda:1, ... (none: cuda when available).
         dtype: model weights dtype (none: bfloat16 on CUDA, float32 on the CPU).
         progress: show progress bars.
@@ -78,6 +79,7 @@ class RunConfig:
     data_dir: str | None = None
     backend: str = "auto"
     kv_cache: Literal["evicting", "full", "dynamic"] = "evicting"
+    decode_graphs: bool = False
     device: str | None = None
     dtype: Literal["bfloat16", "float16", "float32"] | None = None
     progress: bool = True
@@ -99,6 +101,8 @@ class RunConfig:
         if self.dtype not in (None, "bfloat16", "float16", "float32"):
             raise ValueError(f"dtype must be bfloat16, float16 or float32, got {self.dtype!r}")
         check_value(RunConfig, "kv_cache", self.kv_cache, "kv_cache")
+        if self.decode_graphs and self.kv_cache == "dynamic":
+            raise ValueError("decode_graphs needs a packed KV cache (kv_cache evicting or full)")
         if self.backend != "auto" and self.backend not in backend_names():
             raise did_you_mean("attention backend", self.backend, ["auto", *backend_names()])
         self.build_methods()
@@ -150,6 +154,11 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
         return Cell(config.output, model_label(config.model), method.label(), task_name, length)
 
     ranks = Ranks.from_env(config.device)
+    if config.decode_graphs:
+        from elastic_bench.models import check_device
+
+        if check_device(ranks.device(config.device)).type != "cuda":
+            raise ValueError("decode_graphs needs a CUDA device")
     command = "elastic-bench " + " ".join(sys.argv[1:])
     with exclusive(config.output, command, enabled=ranks.is_main):
         if ranks.is_main:  # before any work: an output folder never mixes two configurations
@@ -242,6 +251,7 @@ def _cell_config(config: RunConfig, method: Method, fingerprint: dict[str, Any],
         "num_samples": n,
         "backend": config.backend,
         "kv_cache": config.kv_cache,
+        "decode_graphs": config.decode_graphs,
         "allow_extrapolation": config.allow_extrapolation,
         "model_context": context,
         "fingerprint": fingerprint,
@@ -272,7 +282,7 @@ def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunCo
         with apply(method, model, backend=config.backend, kv_cache=config.kv_cache) as handle:
             shown = config.progress and ranks.is_main
             for sample in tqdm(mine, desc=desc, disable=not shown, leave=False, file=sys.stderr):
-                cell.append(_predict(model, tokenizer, task, sample, handle, stop_ids), shard)
+                cell.append(_predict(model, tokenizer, task, sample, handle, stop_ids, config.decode_graphs), shard)
     except torch.cuda.OutOfMemoryError:
         error = f"out of memory at {cell.length} tokens (rank {ranks.rank})"
         torch.cuda.empty_cache()
@@ -305,7 +315,7 @@ def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunCo
     ranks.barrier()
 
 
-def _predict(model, tokenizer, task, sample, handle, stop_ids) -> dict[str, Any]:
+def _predict(model, tokenizer, task, sample, handle, stop_ids, decode_graphs: bool = False) -> dict[str, Any]:
     """Generate for one sample (and the task's follow-up turns, e.g. chain of thought); its prediction record."""
     from elastic_bench.generation import greedy_generate
 
@@ -313,7 +323,8 @@ def _predict(model, tokenizer, task, sample, handle, stop_ids) -> dict[str, Any]
     while True:
         handle.reset()
         stops = stop_ids | set(sample.stop_token_ids)
-        gen = greedy_generate(model, sample.input_ids, sample.max_new_tokens, stops, sample.min_new_tokens)
+        gen = greedy_generate(model, sample.input_ids, sample.max_new_tokens, stops, sample.min_new_tokens,
+                              decode_graphs=decode_graphs)
         prediction = tokenizer.decode(gen.tokens, skip_special_tokens=True)
         follow_up = task.follow_up(sample, prediction, tokenizer)
         if follow_up is None:

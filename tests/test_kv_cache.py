@@ -178,3 +178,31 @@ def test_bad_kv_cache_and_refused_plans_are_clear(tiny_models):
 
         blocks = BlockSelection.from_dense(torch.ones(1, 2, 1, 1, dtype=torch.bool))
         layer.pack(HeadPlan(torch.tensor([[F, 2]], dtype=torch.uint8), blocks=blocks), [0], evict=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["full", "duo_attention"])
+def test_decode_graphs_give_the_eager_tokens_on_the_gpu(name):
+    """CUDA-graph replays of the decode step (`DecodeGraph`) give the tokens of eager steps, on the testbed."""
+    from elastic_bench import tasks
+    from elastic_bench.models import load_model
+
+    model, tokenizer = load_model("testbed", device="cuda")
+    sample = tasks.get("testbed_niah_multikey").samples(tokenizer, 2048, limit=1, seed=1)[0]
+    tokens = {}
+    for graphs in (False, True):
+        with torch.no_grad(), apply(get_method(name), model, kv_cache="evicting") as handle:
+            gen = greedy_generate(model, sample.input_ids, 24, set(), 24, decode_graphs=graphs)
+            tokens[graphs], stats = gen.tokens, handle.stats()
+    assert tokens[True] == tokens[False] and len(tokens[True]) == 24
+    assert stats["kv_bytes"] > 0
+
+
+def test_reserve_and_advance_keep_the_counts():
+    layer = PackedLayer()
+    layer.update(torch.randn(1, 2, 10, 16), torch.randn(1, 2, 10, 16))
+    layer.pack(HeadPlan(torch.tensor([[F, S]], dtype=torch.uint8), StreamingGeometry(2, 4)), [0], evict=True)
+    layer.reserve(GROW + 100)
+    assert layer.packed.slots.tolist() == [10 + GROW + 100, 6]
+    layer.advance()
+    assert layer.get_seq_length() == 11 and layer.steps == 1

@@ -58,9 +58,9 @@ def test_runner_generates_a_follow_up_turn_for_chain_of_thought(tmp_path, monkey
     tok, original = byte_tokenizer(), generation.greedy_generate
     scripted, seen = ["Because A fits.", "The correct answer is (A)"], []
 
-    def scripted_generate(model, input_ids, max_new_tokens, stop_ids, min_new_tokens=0):
+    def scripted_generate(model, input_ids, max_new_tokens, stop_ids, min_new_tokens=0, **options):
         seen.append((tok.decode(input_ids), max_new_tokens))
-        result = original(model, input_ids, 2, stop_ids, min_new_tokens)  # a real (short) forward for the stats
+        result = original(model, input_ids, 2, stop_ids, min_new_tokens, **options)  # a real forward for the stats
         result.tokens = tok.encode(scripted[len(seen) - 1], add_special_tokens=False)
         return result
 

@@ -55,6 +55,7 @@ class DecodeBenchConfig:
         backend: attention kernel backend passed to apply.
         warmup: untimed decode steps before the timed ones.
         steps: timed decode steps.
+        decode_graphs: also time the packed caches with the decode step replayed as one CUDA graph (CUDA only).
         bandwidth: device memory bandwidth in GB/s for the bound (none: nominal for known GPUs, else measured).
         max_memory: GiB budget of the fit test at the largest length (none: no fit test; CUDA only).
         generate: tokens generated in the fit test.
@@ -73,6 +74,7 @@ class DecodeBenchConfig:
     backend: str = "auto"
     warmup: int = 3
     steps: int = 32
+    decode_graphs: bool = False
     bandwidth: float | None = None
     max_memory: float | None = None
     generate: int = 1024
@@ -94,6 +96,8 @@ class DecodeBenchConfig:
             raise ValueError("warmup must be >= 0, steps and generate >= 1")
         if self.bandwidth is not None and not self.bandwidth > 0:
             raise ValueError(f"bandwidth must be positive GB/s, got {self.bandwidth}")
+        if self.decode_graphs and self.warmup < 2:
+            raise ValueError("--decode-graphs needs --warmup >= 2 (eager steps before the capture)")
         if self.max_memory is not None and not self.max_memory > 0:
             raise ValueError(f"max_memory must be positive GiB, got {self.max_memory}")
         if "elastic" in self.methods:
@@ -142,24 +146,33 @@ def bandwidth_gbs(device: torch.device, given: float | None) -> tuple[float, str
     return 2 * 10 * src.numel() / (start.elapsed_time(end) / 1000) / 1e9, "measured (device copy)"
 
 
-def time_decode(model, cache, tokens: torch.Tensor, warmup: int, device: torch.device) -> tuple[list[float], Any]:
-    """Seconds of each of the timed decode steps (``tokens[warmup:]``) after the untimed ones; and the cache."""
+def time_decode(model, cache, tokens: torch.Tensor, warmup: int, device: torch.device,
+                graphs: bool = False) -> tuple[list[float], Any]:
+    """Seconds of each of the timed decode steps (``tokens[warmup:]``) after the untimed ones; and the cache. With
+    ``graphs``, the timed steps replay one CUDA graph of the step, captured after the untimed ones (`DecodeGraph`)."""
     import time
 
+    from elastic_bench.generation import DecodeGraph
     from elastic_bench.kv_cache import cache_keyword, returned_cache
 
     name = cache_keyword(model)
     cuda = device.type == "cuda"
     marks = []
+    graph = None
     for i in range(tokens.shape[1]):
+        if graphs and i == warmup:
+            cache.reserve(tokens.shape[1] - i)
+            graph = DecodeGraph(model, cache, cache.get_seq_length())
         if i >= warmup:
             marks.append(torch.cuda.Event(enable_timing=True) if cuda else None)
             if cuda:
                 marks[-1].record()
             else:
                 marks[-1] = time.perf_counter()
-        out = model(input_ids=tokens[:, i : i + 1], use_cache=True, **{name: cache})
-        cache = returned_cache(out)
+        if graph is not None:
+            graph.step(tokens[:, i])
+        else:
+            cache = returned_cache(model(input_ids=tokens[:, i : i + 1], use_cache=True, **{name: cache}))
     if cuda:
         end = torch.cuda.Event(enable_timing=True)
         end.record()
@@ -182,8 +195,8 @@ def _cache_bytes(cache) -> tuple[int, int]:
 def run_decode_bench(cfg: DecodeBenchConfig) -> dict[str, Any]:
     """Run the benchmark; returns ``{"device", "config", "bandwidth_gbs", "bandwidth_source", "results", "fit"}``.
 
-    A result has ``length, method, kv_cache`` and either ``error`` or ``median_ms, mean_ms, times_ms`` (per decode
-    step), ``kv_bytes``, ``kv_bytes_full``, ``kv_ratio``, ``bound_ms`` (weights + attended KV read once),
+    A result has ``length, method, kv_cache, graphs`` and either ``error`` or ``median_ms, mean_ms, times_ms`` (per
+    decode step), ``kv_bytes``, ``kv_bytes_full``, ``kv_ratio``, ``bound_ms`` (weights + attended KV read once),
     ``x_bound``, ``speedup_vs_sdpa``, ``speedup_vs_full_cache`` (the same method's ``full`` variant) and
     ``omega_msr``.
     """
@@ -194,8 +207,8 @@ def run_decode_bench(cfg: DecodeBenchConfig) -> dict[str, Any]:
     from elastic_bench.models import check_device, load_model
 
     device = check_device(cfg.device)
-    if cfg.max_memory is not None and device.type != "cuda":
-        raise ValueError("--max-memory needs a CUDA device")
+    if (cfg.max_memory is not None or cfg.decode_graphs) and device.type != "cuda":
+        raise ValueError("--max-memory and --decode-graphs need a CUDA device")
     model, _ = load_model(cfg.model, device=device)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     gbs, source = bandwidth_gbs(device, cfg.bandwidth)
@@ -244,11 +257,12 @@ def _measure_method(name, caches, model, ids, steps, cfg, device, scratch, bar) 
             model(input_ids=ids, use_cache=True, logits_to_keep=1, **{cache_keyword(model): prefill})
             prompt = [(layer.keys, layer.values) for layer in prefill.layers]  # decode steps concatenate, not mutate
             omega = handle.stats()["omega_msr"]
-            for variant in caches:
-                record = {"length": length, "method": name, "kv_cache": variant, "omega_msr": omega}
+            graphed = [c for c in caches if c != "dynamic"] if cfg.decode_graphs else []
+            for variant, graphs in [*((c, False) for c in caches), *((c, True) for c in graphed)]:
+                record = {"length": length, "method": name, "kv_cache": variant, "graphs": graphs, "omega_msr": omega}
                 try:
                     cache = prefill if variant == "dynamic" else handle.pack_cache(prefill, evict=variant == "evicting")
-                    times, cache = time_decode(model, cache, steps, cfg.warmup, device)
+                    times, cache = time_decode(model, cache, steps, cfg.warmup, device, graphs)
                     record.update(_timing(times, cache))
                     del cache
                 except Exception as err:  # one failing variant (e.g. out of memory) must not end the sweep
@@ -257,14 +271,15 @@ def _measure_method(name, caches, model, ids, steps, cfg, device, scratch, bar) 
                 records.append(record)
                 bar.update()
         if name == "full":
-            record = {"length": length, "method": "sdpa", "kv_cache": "dynamic", "omega_msr": 0.0}
+            record = {"length": length, "method": "sdpa", "kv_cache": "dynamic", "graphs": False, "omega_msr": 0.0}
             with attention_implementation(model, "sdpa"):
                 times, cache = time_decode(model, prefill, steps, cfg.warmup, device)
             record.update(_timing(times, cache))
             records.append(record)
             bar.update()
     except Exception as err:  # the prefill failed: every variant of the method is recorded with the error
-        records += [{"length": length, "method": name, "kv_cache": c, "error": f"{type(err).__name__}: {err}"[:300]}
+        records += [{"length": length, "method": name, "kv_cache": c, "graphs": False,
+                     "error": f"{type(err).__name__}: {err}"[:300]}
                     for c in caches if not any(r["kv_cache"] == c and r["method"] == name for r in records)]
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -284,14 +299,14 @@ def _timing(times: list[float], cache) -> dict[str, Any]:
 
 
 def _add_ratios(records: list[dict[str, Any]]) -> None:
-    timed = {(r["method"], r["kv_cache"]): r["median_ms"] for r in records if "median_ms" in r}
-    sdpa = timed.get(("sdpa", "dynamic"))
+    timed = {(r["method"], r["kv_cache"], r["graphs"]): r["median_ms"] for r in records if "median_ms" in r}
+    sdpa = timed.get(("sdpa", "dynamic", False))
     for r in records:
         if "median_ms" not in r:
             continue
         if sdpa is not None:
             r["speedup_vs_sdpa"] = sdpa / r["median_ms"]
-        full = timed.get((r["method"], "full"))
+        full = timed.get((r["method"], "full", r["graphs"]))
         if full is not None:
             r["speedup_vs_full_cache"] = full / r["median_ms"]
 
@@ -337,25 +352,30 @@ def _fit_test(model, cfg: DecodeBenchConfig, device: torch.device) -> list[dict[
     return out
 
 
+def _cache_label(r: dict[str, Any]) -> str:
+    return r["kv_cache"] + ("+graphs" if r.get("graphs") else "")
+
+
 def format_table(report: dict[str, Any]) -> str:
     """Plain-text table of a `run_decode_bench` report (with its ``provenance``, when the command line added it)."""
-    head = (f"{'length':>7} {'method':14} {'cache':9} {'ms/token':>9} {'mean':>8} {'×sdpa':>6} {'×full$':>6} "
+    head = (f"{'length':>7} {'method':14} {'cache':15} {'ms/token':>9} {'mean':>8} {'×sdpa':>6} {'×full$':>6} "
             f"{'KV GiB':>7} {'KV ratio':>8} {'bound ms':>8} {'×bound':>6}")
     lines = [head, "-" * len(head)]
     for r in report["results"]:
         if "error" in r:
-            lines.append(f"{r['length']:>7} {r['method']:14} {r['kv_cache']:9} {'failed':>9}  {r['error']}")
+            lines.append(f"{r['length']:>7} {r['method']:14} {_cache_label(r):15} {'failed':>9}  {r['error']}")
             continue
 
         def fmt(key, spec, r=r):
             return format(r[key], spec) if r.get(key) is not None else ""
 
-        lines.append(f"{r['length']:>7} {r['method']:14} {r['kv_cache']:9} {r['median_ms']:>9.2f} {r['mean_ms']:>8.2f} "
+        lines.append(f"{r['length']:>7} {r['method']:14} {_cache_label(r):15} {r['median_ms']:>9.2f} "
+                     f"{r['mean_ms']:>8.2f} "
                      f"{fmt('speedup_vs_sdpa', '.2f'):>6} {fmt('speedup_vs_full_cache', '.2f'):>6} "
                      f"{r['kv_bytes'] / 2**30:>7.2f} {fmt('kv_ratio', '.3f'):>8} {fmt('bound_ms', '.2f'):>8} "
                      f"{fmt('x_bound', '.1f'):>6}")
     lines.append(f"bandwidth {report['bandwidth_gbs']:.0f} GB/s ({report['bandwidth_source']}); ×full$: against the "
-                 "same method's full (packed) cache")
+                 "same method's full (packed) cache, with graphs where the row has them")
     for r in report.get("fit", []):
         state = f"fits, peak {r['peak_gib']:.1f} GiB" if r["fits"] else f"does not fit ({r['error']})" \
             if r["fits"] is False else f"failed ({r['error']})"
