@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import DynamicCache
 
 from elastic_bench.interface import AttentionCall, Method
 from elastic_bench.kernels import SparsityMeter, pair_counts, resolve_backend
@@ -112,8 +113,6 @@ class MethodHandle:
 
     def begin_forward(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
         """Forward pre-hook: a new meter forward, and a `PackedCache` in place of an empty `DynamicCache`."""
-        from transformers import DynamicCache
-
         self.meter.new_forward()
         self.last_cache = None  # released before this forward allocates
         name = next((n for n in CACHE_KEYWORDS if kwargs.get(n) is not None), None)
@@ -163,14 +162,14 @@ class MethodHandle:
             return decode_attention(query, layer.packed, scaling, self.backend)
         out = self._attend(module, query, key, value, mask, scaling, kwargs)
         if layer is not None and (query.shape[2] == key.shape[2] or query.shape[2] == 1):  # a prefill, or a decode
-            self._pack(layer, module, query, key, value, mask)  # step that follows caller-fed chunks
+            self._pack(layer, module, query, key, value, mask, self.cache.evict)  # step after caller-fed chunks
         return out
 
-    def _pack(self, layer: PackedLayer, module: nn.Module, query, key, value, mask, evict: bool | None = None) -> None:
+    def _pack(self, layer: PackedLayer, module: nn.Module, query, key, value, mask, evict: bool) -> None:
         B = query.shape[0]
         call = AttentionCall(module, query[:, :, -1:], key, value, None, list(range(B)))
         starts = [0] * B if mask is None else (mask.shape[1] - mask.sum(1)).tolist()  # left padding (checked)
-        layer.pack(self.method.decode_plan(call), starts, evict=self.cache.evict if evict is None else evict)
+        layer.pack(self.method.decode_plan(call), starts, evict=evict)
 
     def pack_cache(self, cache, evict: bool) -> PackedCache:
         """A `PackedCache` of the unpadded prompt in transformers' ``cache`` (after a prefill under this handle), packed

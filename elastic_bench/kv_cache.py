@@ -108,7 +108,6 @@ class PackedLayer(DynamicLayer):
             dense_k, dense_v, positions, offsets.to(device), torch.tensor(caps, dtype=torch.int32, device=device),
             self._window_start(self.last), sink_end, max(caps),
         )
-        self.num_kv_heads, self.head_dim = H, D
         self.keys = self.values = None  # the dense prompt is released
 
     def _window_start(self, pos: torch.Tensor) -> torch.Tensor:
@@ -185,7 +184,7 @@ class PackedLayer(DynamicLayer):
         if self.packed is None:
             return self.nbytes()
         kv = self.packed
-        return kv.num_rows * self.tokens * self.head_dim * (kv.keys.element_size() + kv.values.element_size())
+        return kv.num_rows * self.tokens * kv.keys.shape[1] * (kv.keys.element_size() + kv.values.element_size())
 
     def reset(self) -> None:
         self.packed = None

@@ -3,6 +3,8 @@ the reference against dense masked attention."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from test_kernels_triton import print_case_results, run_interpreted
@@ -29,6 +31,11 @@ def packed(B, H, D, slots, dtype, gen):
     return PackedKV(keys, values, positions, offsets, caps, window, sink, max(slots))
 
 
+def as_float(kv):
+    """The same packed cache with fp32 keys and values (the reference's inputs)."""
+    return dataclasses.replace(kv, keys=kv.keys.float(), values=kv.values.float())
+
+
 def _run_case(name: str) -> dict:
     from elastic_bench.kernels.decode import decode_attention
 
@@ -37,8 +44,7 @@ def _run_case(name: str) -> dict:
     dtype = getattr(torch, dtype)
     kv = packed(B, H, D, slots, dtype, gen)
     q = torch.randn(B, H * G, 1, D, generator=gen).to(dtype)
-    ref = decode_attention(q.float(), packed(B, H, D, slots, torch.float32, torch.Generator().manual_seed(len(name))),
-                           backend="reference")
+    ref = decode_attention(q.float(), as_float(kv), backend="reference")
     out = decode_attention(q, kv, backend="triton")
     return {"err": float((out.float() - ref).abs().max()), "tol": 1e-4 if dtype == torch.float32 else 2e-2}
 
@@ -90,10 +96,9 @@ def test_gpu_decode_matches_reference():
 
     gen = torch.Generator().manual_seed(1)
     kv = packed(1, 8, 128, (5000, 300, 20000, 64, 5000, 300, 20000, 64), torch.bfloat16, gen)
-    kv_gpu = type(kv)(*(t.cuda() if torch.is_tensor(t) else t for t in vars(kv).values()))
+    kv_gpu = dataclasses.replace(kv, **{k: v.cuda() for k, v in vars(kv).items() if torch.is_tensor(v)})
     q = torch.randn(1, 32, 1, 128, generator=gen).to(torch.bfloat16)
-    ref = decode_attention(q.float(), type(kv)(*(t.float() if torch.is_tensor(t) and t.is_floating_point() else t
-                                                 for t in vars(kv).values())), backend="reference")
+    ref = decode_attention(q.float(), as_float(kv), backend="reference")
     out = decode_attention(q.cuda(), kv_gpu, backend="triton")
     assert float((out.float().cpu() - ref).abs().max()) < 2e-2
 

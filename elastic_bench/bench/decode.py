@@ -212,8 +212,8 @@ def run_decode_bench(cfg: DecodeBenchConfig) -> dict[str, Any]:
     model, _ = load_model(cfg.model, device=device)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     gbs, source = bandwidth_gbs(device, cfg.bandwidth)
-    rows = [(m, c) for m in dict.fromkeys(cfg.methods) for c in cfg.kv_caches]
-    bar = tqdm(total=len(cfg.lengths) * (len(rows) + 1), desc="bench decode", disable=not cfg.progress,
+    rows = len(dict.fromkeys(cfg.methods)) * len(_variants(cfg.kv_caches, cfg.decode_graphs)) + 1  # + sdpa
+    bar = tqdm(total=len(cfg.lengths) * rows, desc="bench decode", disable=not cfg.progress,
                file=sys.stderr)
     results: list[dict[str, Any]] = []
     with torch.inference_mode(), tempfile.TemporaryDirectory(prefix="elastic-bench-decode-") as scratch:
@@ -257,8 +257,7 @@ def _measure_method(name, caches, model, ids, steps, cfg, device, scratch, bar) 
             model(input_ids=ids, use_cache=True, logits_to_keep=1, **{cache_keyword(model): prefill})
             prompt = [(layer.keys, layer.values) for layer in prefill.layers]  # decode steps concatenate, not mutate
             omega = handle.stats()["omega_msr"]
-            graphed = [c for c in caches if c != "dynamic"] if cfg.decode_graphs else []
-            for variant, graphs in [*((c, False) for c in caches), *((c, True) for c in graphed)]:
+            for variant, graphs in _variants(caches, cfg.decode_graphs):
                 record = {"length": length, "method": name, "kv_cache": variant, "graphs": graphs, "omega_msr": omega}
                 try:
                     cache = prefill if variant == "dynamic" else handle.pack_cache(prefill, evict=variant == "evicting")
@@ -284,6 +283,11 @@ def _measure_method(name, caches, model, ids, steps, cfg, device, scratch, bar) 
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return records
+
+
+def _variants(caches: list[str], graphs: bool) -> list[tuple[str, bool]]:
+    """(cache, replayed as a CUDA graph) of each timed variant: every cache eager, then the packed ones graphed."""
+    return [*((c, False) for c in caches), *((c, True) for c in caches if graphs and c != "dynamic")]
 
 
 def _restore(cache, prompt) -> None:
