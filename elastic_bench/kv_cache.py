@@ -44,6 +44,20 @@ def returned_cache(output) -> Cache | None:
     return output.get("cache", output.get("past_key_values"))
 
 
+def _offsets(caps: list[int]) -> torch.Tensor:
+    """``[R]`` int64 first slot of each row of ``caps`` slots, on the CPU."""
+    return torch.tensor([0, *caps[:-1]], dtype=torch.long).cumsum(0)
+
+
+def _packed(keys, values, positions, offsets: torch.Tensor, caps: list[int], window_start, sink_end) -> PackedKV:
+    """A `PackedKV` of rows with ``caps`` slots each; its host integers (the longest row, how many rows are long)
+    come from ``caps``."""
+    device = keys.device
+    longest = max(caps)
+    return PackedKV(keys, values, positions, offsets.to(device), torch.tensor(caps, dtype=torch.int32, device=device),
+                    window_start, sink_end, longest, sum(c > longest // 2 for c in caps))
+
+
 class PackedLayer(DynamicLayer):
     """One layer of a `PackedCache`: a `DynamicLayer` until `pack`, then packed rows (`packed`)."""
 
@@ -74,7 +88,7 @@ class PackedLayer(DynamicLayer):
         ring = streaming & evict
         lengths = [L - s for s in starts]
         caps = [sink + span if ring[b, h] else lengths[b] + GROW for b in range(B) for h in range(H)]
-        offsets = torch.tensor([0, *caps[:-1]], dtype=torch.long).cumsum(0)
+        offsets = _offsets(caps)
         total = sum(caps)
         dense_k, dense_v = keys.new_zeros((total, D)), values.new_zeros((total, D))
         positions = torch.full((total,), -1, dtype=torch.int32, device=keys.device)
@@ -104,10 +118,7 @@ class PackedLayer(DynamicLayer):
         self.ring_sink, self.ring_span = sink, span
         self.kept_rows = [r for r in range(B * H) if not bool(ring.reshape(-1)[r])]
         sink_end = torch.where(self.streaming, sink, 0).int()
-        self.packed = PackedKV(
-            dense_k, dense_v, positions, offsets.to(device), torch.tensor(caps, dtype=torch.int32, device=device),
-            self._window_start(self.last), sink_end, max(caps),
-        )
+        self.packed = _packed(dense_k, dense_v, positions, offsets, caps, self._window_start(self.last), sink_end)
         self.keys = self.values = None  # the dense prompt is released
 
     def _window_start(self, pos: torch.Tensor) -> torch.Tensor:
@@ -154,7 +165,7 @@ class PackedLayer(DynamicLayer):
         kv = self.packed
         old_caps = kv.slots.tolist()
         caps = [c + extra if r in self.kept_rows else c for r, c in enumerate(old_caps)]
-        offsets = torch.tensor([0, *caps[:-1]], dtype=torch.long).cumsum(0)
+        offsets = _offsets(caps)
         total, width = sum(caps), kv.keys.shape[1]
         keys, values = kv.keys.new_zeros((total, width)), kv.values.new_zeros((total, width))
         positions = torch.full((total,), -1, dtype=torch.int32, device=kv.keys.device)
@@ -162,10 +173,7 @@ class PackedLayer(DynamicLayer):
             keys[new : new + cap] = kv.keys[old : old + cap]
             values[new : new + cap] = kv.values[old : old + cap]
             positions[new : new + cap] = kv.positions[old : old + cap]
-        device = kv.keys.device
-        self.packed = PackedKV(keys, values, positions, offsets.to(device),
-                               torch.tensor(caps, dtype=torch.int32, device=device), kv.window_start, kv.sink_end,
-                               max(caps))
+        self.packed = _packed(keys, values, positions, offsets, caps, kv.window_start, kv.sink_end)
         self.room += extra
 
     # ---- what transformers asks of a layer -----------------------------------------------------------------------

@@ -28,7 +28,9 @@ def packed(B, H, D, slots, dtype, gen):
     sink = torch.tensor([(r * 3) % 5 for r in range(len(slots))], dtype=torch.int32)
     n = int(caps.sum())
     keys, values = (torch.randn(n, D, generator=gen).to(dtype) for _ in "kv")
-    return PackedKV(keys, values, positions, offsets, caps, window, sink, max(slots))
+    longest = max(slots)
+    return PackedKV(keys, values, positions, offsets, caps, window, sink, longest,
+                    sum(c > longest // 2 for c in slots))
 
 
 def as_float(kv):
@@ -88,6 +90,17 @@ def test_bad_inputs_are_refused():
         decode_attention(torch.randn(1, 4, 2, 16), kv)
     with pytest.raises(ValueError, match="do not match"):
         decode_attention(torch.randn(1, 3, 1, 16), kv)
+
+
+def test_splits_are_chosen_for_the_long_rows():
+    """Fewer long rows get more splits each, every split a whole number of blocks covering the longest row."""
+    from elastic_bench.kernels.decode.fused import BLOCK_N, _splits
+
+    cpu = torch.device("cpu")
+    assert _splits(2, 4096, cpu)[0] > _splits(8, 4096, cpu)[0] > _splits(16, 4096, cpu)[0] == 1
+    for rows, max_slots in ((2, 4096), (16, 4096), (1, 100), (3, 64)):
+        splits, per_split = _splits(rows, max_slots, cpu)
+        assert per_split % BLOCK_N == 0 and (splits - 1) * per_split < max_slots <= splits * per_split
 
 
 @pytest.mark.gpu

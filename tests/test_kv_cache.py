@@ -149,6 +149,7 @@ def test_rows_grow_and_rings_wrap_over_many_steps():
                                     plan.select([b]), backend="reference")
         torch.testing.assert_close(out[b : b + 1], expected, atol=1e-5, rtol=1e-4)
     assert layer.packed.slots.tolist() == [L + 2 * GROW, 13, 13, 13]
+    assert (layer.packed.max_slots, layer.packed.long_rows) == (L + 2 * GROW, 1)  # the decode kernel's grid
 
 
 def test_fast_decode_gives_todays_tokens_on_the_testbed():

@@ -36,6 +36,8 @@ class PackedKV:
             ``< sink_end``.
         sink_end: ``[R]`` int32.
         max_slots: the largest entry of ``slots`` (a host integer: the kernel's grid).
+        long_rows: how many rows hold more than half of ``max_slots`` slots (a host integer; ``None``: all rows). The
+            Triton kernel spreads these long rows over the GPU; a layer whose streaming rows evicted has few.
     """
 
     keys: torch.Tensor
@@ -46,6 +48,7 @@ class PackedKV:
     window_start: torch.Tensor
     sink_end: torch.Tensor
     max_slots: int
+    long_rows: int | None = None
 
     @property
     def num_rows(self) -> int:

@@ -13,8 +13,11 @@ def decode_partial(
 ):
     row = tl.program_id(0)
     split = tl.program_id(1)
-    base = tl.load(OFFSETS + row)  # int64
     n = tl.load(SLOTS + row)
+    start = split * per_split
+    if start >= n:  # past the row's end (a short row of a layer split for its long rows): `combine` skips it
+        return
+    base = tl.load(OFFSETS + row)  # int64
     lo = tl.load(WINDOW_START + row)
     sink = tl.load(SINK_END + row)
     g = tl.arange(0, G_PAD)
@@ -23,7 +26,6 @@ def decode_partial(
     m_i = tl.full((G_PAD,), float("-inf"), tl.float32)
     l_i = tl.zeros((G_PAD,), tl.float32)
     acc = tl.zeros((G_PAD, D), tl.float32)
-    start = split * per_split
     stop = tl.minimum(start + per_split, n)
     for j0 in range(start, stop, BLOCK_N):
         j = j0 + tl.arange(0, BLOCK_N)
@@ -54,19 +56,19 @@ def decode_partial(
 
 
 @triton.jit
-def combine(PARTIAL, STATS, OUT, splits, stat_stride, G: tl.constexpr, D: tl.constexpr, SPLITS_PAD: tl.constexpr):
+def combine(PARTIAL, STATS, OUT, SLOTS, per_split, splits, stat_stride, G: tl.constexpr, D: tl.constexpr,
+            SPLITS_PAD: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Merge a head's split results by their log-sum-exp, ``BLOCK_D`` of its dimensions per program; splits past the
+    row's slots (a short row of a layer split for its long rows) are not read."""
     head = tl.program_id(0)  # row * G + g
     row = head // G
     g = head % G
     s = tl.arange(0, SPLITS_PAD)
-    d = tl.arange(0, D)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     item = (row * splits + s) * G + g
-    live = s < splits
-    m = tl.load(STATS + item, mask=live, other=float("-inf"))
-    weight = tl.load(STATS + stat_stride + item, mask=live, other=0.0)
-    m_max = tl.max(m, 0)
-    w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_max))
+    m = tl.load(STATS + item, mask=s < tl.cdiv(tl.load(SLOTS + row), per_split), other=float("-inf"))
+    live = m > float("-inf")  # a split that saw no visible slot adds nothing
+    w = tl.where(live, tl.exp(m - tl.max(m, 0)), 0.0)
+    total = tl.maximum(tl.sum(w * tl.load(STATS + stat_stride + item, mask=live, other=0.0), 0), 1e-30)
     o = tl.load(PARTIAL + item[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
-    total = tl.maximum(tl.sum(w * weight, 0), 1e-30)
-    out = tl.sum(o * w[:, None], 0) / total
-    tl.store(OUT + head * D + d, out.to(OUT.dtype.element_ty))
+    tl.store(OUT + head * D + d, (tl.sum(o * w[:, None], 0) / total).to(OUT.dtype.element_ty))

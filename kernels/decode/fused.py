@@ -2,9 +2,11 @@
 
 One program takes one row (a sample's KV head) and one split of its slots; it loads the row's ``G`` query heads once
 (padded to 16 for the tensor-core dot) and walks its slots in ``BLOCK_N`` steps with an online softmax in fp32.
-Splits spread a long row over the GPU (a batch of one at 128K tokens has only ``H`` rows); a second launch combines
-the splits' partial results by their log-sum-exp. Short rows (a streaming row's sink + window) finish in their first
-split and leave the others empty. Imported on first use; Triton is imported by `_kernels`.
+Splits spread a long row over the GPU (a batch of one at 128K tokens has only ``H`` rows), their number chosen for
+the layer's long rows (`PackedKV.long_rows`): a layer whose streaming rows evicted has few. A second launch combines
+the splits' partial results by their log-sum-exp. Short rows (a streaming row's sink + window) fill their first
+splits; their splits past the row's end return at once and are not combined. Imported on first use; Triton is
+imported by `_kernels`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import torch
 
 BLOCK_N = 64
 PROGRAMS_PER_SM = 4  # target splits · rows per streaming multiprocessor
+MAX_SPLITS = 512  # splits per row at most: `combine` holds a head's splits × ``COMBINE_DIMS`` in registers
+COMBINE_DIMS = 32  # head dimensions merged per program of `combine`
 
 
 def available(device: torch.device) -> bool:
@@ -34,9 +38,10 @@ def _processors(device: torch.device) -> int:
 
 
 def _splits(rows: int, max_slots: int, device: torch.device) -> tuple[int, int]:
-    """(splits per row, slots per split): enough programs to fill the GPU, each a whole number of ``BLOCK_N``."""
+    """(splits per row, slots per split): enough programs over ``rows`` long rows to fill the GPU, each split a whole
+    number of ``BLOCK_N``."""
     blocks = max(-(-max_slots // BLOCK_N), 1)
-    splits = min(max(-(-PROGRAMS_PER_SM * _processors(device) // rows), 1), blocks)
+    splits = min(max(-(-PROGRAMS_PER_SM * _processors(device) // rows), 1), blocks, MAX_SPLITS)
     per_split = -(-blocks // splits) * BLOCK_N
     return -(-max_slots // per_split) if max_slots else 1, per_split
 
@@ -49,7 +54,7 @@ def triton_decode_attention(q: torch.Tensor, kv, scale: float) -> torch.Tensor:
     if D < 16 or D & (D - 1):
         raise ValueError(f"the Triton decode kernel needs a power-of-two head_dim >= 16, got {D}")
     q = q.contiguous()
-    splits, per_split = _splits(R, kv.max_slots, q.device)
+    splits, per_split = _splits(kv.long_rows or R, kv.max_slots, q.device)
     out = torch.empty_like(q)
     partial = torch.empty((R, splits, G, D), dtype=torch.float32, device=q.device)
     stats = torch.empty((2, R, splits, G), dtype=torch.float32, device=q.device)  # running max, sum of weights
@@ -59,6 +64,7 @@ def triton_decode_attention(q: torch.Tensor, kv, scale: float) -> torch.Tensor:
         scale, per_split, splits, R * splits * G,
         G=G, G_PAD=g_pad, D=D, BLOCK_N=BLOCK_N, IEEE=q.dtype == torch.float32, num_warps=4,
     )
-    combine[(R * G,)](partial, stats, out, splits, R * splits * G, G=G, D=D,
-                      SPLITS_PAD=max(1 << (splits - 1).bit_length(), 2), num_warps=4)
+    block_d = min(COMBINE_DIMS, D)
+    combine[(R * G, D // block_d)](partial, stats, out, kv.slots, per_split, splits, R * splits * G, G=G, D=D,
+                                   SPLITS_PAD=max(1 << (splits - 1).bit_length(), 2), BLOCK_D=block_d, num_warps=4)
     return out

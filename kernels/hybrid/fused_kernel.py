@@ -6,13 +6,13 @@ Imported lazily by `fused` (importing it imports Triton). One program computes o
   (``BLOCK_M // PACK`` positions each) and every K/V tile it loads serves all of them;
 - BLOCK_SPARSE selections are per query head, so their tiles hold ``BLOCK_M`` positions of one query head.
 
-The key range of a tile is covered by four loops over ``BLOCK_N`` key blocks, any of which may be empty: the fully
+The key range of a tile is covered by three loops over ``BLOCK_N`` key blocks, any of which may be empty: the fully
 visible sink blocks and the window interior (one loop, so a streaming tile fills one software pipeline, not two), the
-partial sink block and the window's ragged start (masked), the CSR-listed blocks below the diagonal, and the diagonal
-(masked). Only the masked loops evaluate the mask; FULL is STREAMING with no sink and an unbounded window. Softmax is
-online in fp32 with ``exp2`` and log2(e) folded into the scale; masked logits get a finite -1e6 so a fully masked
-block cannot produce NaN. Base offsets are int64. On Hopper, K/V tiles come through TMA tensor descriptors over
-``[B, H, Lk, D]`` (zero fill past the end); elsewhere through pointer arithmetic.
+CSR-listed blocks below the diagonal, and the masked blocks (the partial sink block, the window's ragged start and
+the diagonal, again in one loop). Only the masked loop evaluates the mask; FULL is STREAMING with no sink and an
+unbounded window. Softmax is online in fp32 with ``exp2`` and log2(e) folded into the scale; masked logits get a
+finite -1e6 so a fully masked block cannot produce NaN. Base offsets are int64. On Hopper, K/V tiles come through
+TMA tensor descriptors over ``[B, H, Lk, D]`` (zero fill past the end); elsewhere through pointer arithmetic.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ import triton.language as tl
 
 @triton.jit
 def _attend(
-    acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, b, h, lo, hi, lo2, hi2, block_ids,
-    sub_blocks, block_size, pos, win_start, sink_end, Lk, qk_scale,
+    acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, b, h, lo, hi, lo2, hi2, lo3, hi3,
+    block_ids, sub_blocks, block_size, pos, win_start, sink_end, Lk, qk_scale,
     D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, GATHER: tl.constexpr, MASK: tl.constexpr,
     PRECISION: tl.constexpr, USE_TMA: tl.constexpr, STAGES: tl.constexpr = None,
 ):
-    """Online-softmax update of one tile over key blocks ``lo..hi`` then ``lo2..hi2`` (``BLOCK_N`` keys each), in
-    one loop: one software pipeline, not one per range.
+    """Online-softmax update of one tile over key blocks ``lo..hi``, ``lo2..hi2`` then ``lo3..hi3`` (``BLOCK_N`` keys
+    each), in one loop: one software pipeline, not one per range.
 
     ``GATHER``: block ``j`` is sub-block ``j % sub_blocks`` of plan block ``block_ids[j // sub_blocks]``; otherwise it
     starts at key ``j * BLOCK_N``. ``MASK``: apply causality, the sink and the per-row window start ``win_start``.
@@ -40,8 +40,9 @@ def _attend(
     offs_d = tl.arange(0, D_PAD)
     d_ok = offs_d < D
     n1 = hi - lo
-    for i in tl.range(0, n1 + hi2 - lo2, num_stages=STAGES):
-        j = tl.where(i < n1, lo + i, lo2 + i - n1)
+    n12 = n1 + hi2 - lo2
+    for i in tl.range(0, n12 + hi3 - lo3, num_stages=STAGES):
+        j = tl.where(i < n1, lo + i, tl.where(i < n12, lo2 + i - n1, lo3 + i - n12))
         if GATHER:
             blk = tl.load(block_ids + j // sub_blocks)
             start = blk * block_size + (j % sub_blocks) * BLOCK_N
@@ -177,19 +178,20 @@ def hybrid_fwd(
     ids_ptr = Indices + row_start
     if sparse:  # block-list loop only (a block-sparse tile has no sink or window range)
         acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, K_desc, V_desc, b, h,
-                                0, n_below * sub_blocks, 0, 0, ids_ptr, sub_blocks, block_size, pos, win_start,
+                                0, n_below * sub_blocks, 0, 0, 0, 0, ids_ptr, sub_blocks, block_size, pos, win_start,
                                 sink_end, Lk, qk_scale, D, D_PAD, BLOCK_N, True, False, PRECISION, USE_TMA,
                                 GATHER_STAGES)
     else:
         acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, K_desc, V_desc, b, h,
-                                0, sink_full, edge_hi, inner_hi, ids_ptr, sub_blocks, block_size, pos, win_start,
-                                sink_end, Lk, qk_scale, D, D_PAD, BLOCK_N, False, False, PRECISION, USE_TMA)
-        acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, K_desc, V_desc, b, h,
-                                sink_full, sink_hi, edge_lo, edge_hi, ids_ptr, sub_blocks, block_size, pos,
-                                win_start, sink_end, Lk, qk_scale, D, D_PAD, BLOCK_N, False, True, PRECISION, USE_TMA)
+                                0, sink_full, edge_hi, inner_hi, 0, 0, ids_ptr, sub_blocks, block_size, pos,
+                                win_start, sink_end, Lk, qk_scale, D, D_PAD, BLOCK_N, False, False, PRECISION,
+                                USE_TMA)
+    # The masked blocks in one loop: the partial sink block and the window's ragged start (empty for FULL and
+    # BLOCK_SPARSE tiles), then the diagonal.
     acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, K_desc, V_desc, b, h,
-                            diag_lo, diag_hi, 0, 0, ids_ptr, sub_blocks, block_size, pos, win_start,
-                            sink_end, Lk, qk_scale, D, D_PAD, BLOCK_N, False, True, PRECISION, USE_TMA)
+                            sink_full, sink_hi, edge_lo, edge_hi, diag_lo, diag_hi, ids_ptr, sub_blocks, block_size,
+                            pos, win_start, sink_end, Lk, qk_scale, D, D_PAD, BLOCK_N, False, True, PRECISION,
+                            USE_TMA)
 
     out = tl.where(l_i[:, None] > 0, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
     o_ptrs = Out + b.to(tl.int64) * stride_ob + heads.to(tl.int64)[:, None] * stride_oh \
