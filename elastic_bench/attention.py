@@ -28,7 +28,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from elastic_bench.interface import AttentionCall, Method
-from elastic_bench.kernels import SparsityMeter, pair_counts, resolve_backend
+from elastic_bench.kernels import SparsityMeter, pair_counts, resolve_backend, sample_means
 from elastic_bench.kernels.decode import decode_attention
 from elastic_bench.kv_cache import CACHE_KEYWORDS, PackedCache, PackedLayer
 
@@ -133,10 +133,7 @@ class MethodHandle:
         ``prefill_backends`` (the kernel backend that ran each prefill call since the last reset: name → calls), and
         the method's own statistics."""
         per_sample = self.meter.per_sample()
-        means = {
-            key: sum(s[key] for s in per_sample) / len(per_sample) if per_sample else float("nan")
-            for key in ("omega_msr", "omega_esr", "omega_esr_last_row")
-        }
+        means = sample_means(per_sample)
         held = self.last_cache
         cache = {"kv_bytes": held.nbytes(), "kv_bytes_full": held.full_nbytes()} if held is not None else {}
         return {**means, "num_samples": len(per_sample), "per_sample": per_sample,

@@ -59,7 +59,7 @@ from lm_eval.models.utils import Collator
 from elastic_bench.attention import apply
 from elastic_bench.files import write_json
 from elastic_bench.interface import REGISTRY, get_method
-from elastic_bench.kernels import Mode, causal_pairs
+from elastic_bench.kernels import Mode, causal_pairs, sample_means
 from elastic_bench.models import check_device, load_model
 from elastic_bench.options import check_value
 from elastic_bench.registry import did_you_mean
@@ -130,18 +130,22 @@ class ElasticLM(HFLM):
                     results[i] = result
             stats = self.handle.stats()
             per_sample = stats["per_sample"]
-            for request, used in zip(group, rows.of_requests(len(group), len(per_sample)), strict=True):
+            request_rows = rows.of_requests(len(group), len(per_sample))
+            for request, used in zip(group, request_rows, strict=True):
                 # keyed after the run: the arguments as lm-eval logs them
                 self.per_request[request_key(request.args)] = combined(
                     [per_sample[row] for row in used], [rows.tokens[row] for row in used])
-            self.sparsity[key] = self._summary(stats)
+            self.sparsity[key] = self._summary(stats, sorted({row for used in request_rows for row in used}))
         return results
 
-    def _summary(self, stats: dict[str, Any]) -> dict[str, Any]:
-        """The handle's ``stats`` without per-sample values, plus ``fraction_full``: the share of FULL heads per
-        layer ``[L]`` over the recorded samples."""
+    def _summary(self, stats: dict[str, Any], rows: list[int]) -> dict[str, Any]:
+        """The handle's ``stats`` over the samples ``rows`` (the rows of requests: not lm-eval's batch-size
+        detection), without per-sample values, plus ``fraction_full``: the share of FULL heads per layer ``[L]``
+        over those samples."""
+        samples = [stats["per_sample"][row] for row in rows]
         stats = {key: value for key, value in stats.items() if key != "per_sample"}
-        decisions = self.handle.decisions()  # [N, L, H]
+        stats.update(sample_means(samples), num_samples=len(samples))
+        decisions = self.handle.decisions()[rows]  # [N, L, H]
         stats["fraction_full"] = (decisions == Mode.FULL).float().mean(dim=(0, 2)).tolist() if decisions.numel() else []
         return {key: None if isinstance(value, float) and math.isnan(value) else value for key, value in stats.items()}
 

@@ -8,7 +8,7 @@ counts what a plan computes (ΩMSR, ΩESR).
 
 from .hybrid import available_backends, backend_names, hybrid_attention, register_backend, resolve_backend
 from .plan import BlockSelection, HeadPlan, Mode, StreamingGeometry
-from .sparsity import PairCounts, SparsityMeter, causal_pairs, pair_counts
+from .sparsity import PairCounts, SparsityMeter, causal_pairs, pair_counts, sample_means
 from .xattention import xattention_select
 
 __all__ = [
@@ -25,5 +25,6 @@ __all__ = [
     "pair_counts",
     "register_backend",
     "resolve_backend",
+    "sample_means",
     "xattention_select",
 ]

@@ -173,3 +173,11 @@ class SparsityMeter:
                 }
             )
         return result
+
+
+STATISTICS = ("omega_msr", "omega_esr", "omega_esr_last_row")  # the values of each `SparsityMeter.per_sample` entry
+
+
+def sample_means(samples: list[dict[str, float]]) -> dict[str, float]:
+    """The mean of each of `STATISTICS` over ``samples`` (`SparsityMeter.per_sample` entries); NaN for none."""
+    return {key: sum(s[key] for s in samples) / len(samples) if samples else float("nan") for key in STATISTICS}

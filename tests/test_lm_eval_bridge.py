@@ -96,6 +96,25 @@ def test_batch_size_changes_no_loglikelihood_generation_or_sparsity(name, gates)
         assert sparsity_one["toy_loglikelihood_rolling/loglikelihood_rolling"]["omega_esr"] > 0
 
 
+def test_batch_size_detection_is_not_counted_in_the_sparsity(gates):
+    """With ``batch_size=auto`` lm-eval runs probing forwards of its own; each task's sparsity covers the requests'
+    rows alone, as with a fixed batch size."""
+    _, fixed = run_requests(1, **model_args("duo_attention", gates))
+    lm = ElasticLM(pretrained="tiny:llama", device="cpu", batch_size="auto", max_batch_size=2,
+                   **model_args("duo_attention", gates))
+    try:
+        lm.loglikelihood(requests()["loglikelihood"], disable_tqdm=True)
+        probed = lm.handle.stats()["num_samples"]
+        auto = lm.sparsity
+    finally:
+        lm.close()
+    key = "toy_loglikelihood/loglikelihood"
+    assert probed > auto[key]["num_samples"]  # the probing forwards ran through the method (the test can fail)
+    for stat in ("omega_msr", "omega_esr", "num_samples"):
+        assert auto[key][stat] == pytest.approx(fixed[key][stat], abs=1e-9), stat
+    assert len(auto[key]["fraction_full"]) == len(fixed[key]["fraction_full"])
+
+
 def test_method_changes_loglikelihoods_only_when_it_drops_keys():
     def loglikelihoods(**args):
         return [lp for lp, _ in run_requests(2, **args)[0]["loglikelihood"]]
