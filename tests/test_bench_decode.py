@@ -30,7 +30,8 @@ def test_every_method_and_cache_has_its_row_beside_sdpa(tmp_path, capsys):
     assert duo["omega_msr"] == 0.5 and duo["kv_bytes"] < 0.75 * rows[("duo_attention", "full")]["kv_bytes"]
     assert rows[("duo_attention", "dynamic")]["kv_ratio"] == 1.0
     assert "speedup_vs_sdpa" in duo and "speedup_vs_full_cache" in duo
-    assert "ms/token" in capsys.readouterr().out
+    table = capsys.readouterr().out
+    assert "ms/token" in table and f"source digest {report['provenance']['source_digest']}" in table
 
 
 def test_bad_inputs_exit_2_before_the_model_loads(tmp_path, capsys):

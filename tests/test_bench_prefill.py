@@ -63,6 +63,7 @@ def test_every_method_has_its_record_beside_full_and_the_floor(tmp_path, capsys)
     assert rows[("fa-xa", 512)]["block_density"] < 1 and rows[("fa-xa", 512)]["omega_esr"] > 0
     table = capsys.readouterr().out
     assert "ideal%" in table and "fa-xa" in table and "block density" in table and "results:" in table
+    assert f"source digest {report['provenance']['source_digest']}" in table  # the provenance footer
 
 
 def test_the_warm_up_forward_is_not_timed(tmp_path, monkeypatch):

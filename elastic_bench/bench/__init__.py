@@ -5,12 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 
-def provenance_line(report: dict[str, Any]) -> str | None:
-    """The last line of a benchmark table: date, device, model, versions and code of a report with ``provenance``
-    (None without one)."""
+def formatted(record: dict[str, Any], key: str, spec: str, scale: float = 1.0) -> str:
+    """A table cell: ``record[key] · scale`` in the format ``spec``; empty where the record has no value."""
+    value = record.get(key)
+    return "" if value is None else format(value * scale, spec)
+
+
+def with_provenance(lines: list[str], report: dict[str, Any]) -> str:
+    """A benchmark table: its ``lines`` and, for a report with ``provenance``, a last line with the date, device,
+    model, versions and code."""
     prov = report.get("provenance")
-    if not prov:
-        return None
-    versions = ", ".join(f"{k} {v}" for k, v in prov["versions"].items() if v)
-    code = f"code {prov.get('git_hash') or 'outside git'}, source digest {prov.get('source_digest')}"
-    return f"{prov['date']} · {prov['device']} · {report['config']['model']} · {versions} · {code}"
+    if prov:
+        versions = ", ".join(f"{k} {v}" for k, v in prov["versions"].items() if v)
+        code = f"code {prov.get('git_hash') or 'outside git'}, source digest {prov.get('source_digest')}"
+        lines = [*lines, f"{prov['date']} · {prov['device']} · {report['config']['model']} · {versions} · {code}"]
+    return "\n".join(lines)

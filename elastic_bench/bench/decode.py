@@ -24,6 +24,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import functools
 import statistics
 import sys
 from dataclasses import asdict, dataclass, field
@@ -31,7 +32,7 @@ from typing import Any
 
 import torch
 
-from elastic_bench.bench import provenance_line
+from elastic_bench.bench import formatted, with_provenance
 
 METHODS = ("full", "duo_attention", "streaming", "elastic")
 CACHES = ("dynamic", "full", "evicting")
@@ -369,15 +370,12 @@ def format_table(report: dict[str, Any]) -> str:
         if "error" in r:
             lines.append(f"{r['length']:>7} {r['method']:14} {_cache_label(r):15} {'failed':>9}  {r['error']}")
             continue
-
-        def fmt(key, spec, r=r):
-            return format(r[key], spec) if r.get(key) is not None else ""
-
+        cell = functools.partial(formatted, r)
         lines.append(f"{r['length']:>7} {r['method']:14} {_cache_label(r):15} {r['median_ms']:>9.2f} "
                      f"{r['mean_ms']:>8.2f} "
-                     f"{fmt('speedup_vs_sdpa', '.2f'):>6} {fmt('speedup_vs_full_cache', '.2f'):>6} "
-                     f"{r['kv_bytes'] / 2**30:>7.2f} {fmt('kv_ratio', '.3f'):>8} {fmt('bound_ms', '.2f'):>8} "
-                     f"{fmt('x_bound', '.1f'):>6}")
+                     f"{cell('speedup_vs_sdpa', '.2f'):>6} {cell('speedup_vs_full_cache', '.2f'):>6} "
+                     f"{r['kv_bytes'] / 2**30:>7.2f} {cell('kv_ratio', '.3f'):>8} {cell('bound_ms', '.2f'):>8} "
+                     f"{cell('x_bound', '.1f'):>6}")
     lines.append(f"bandwidth {report['bandwidth_gbs']:.0f} GB/s ({report['bandwidth_source']}); ×full$: against the "
                  "same method's full (packed) cache, with graphs where the row has them")
     for r in report.get("fit", []):
@@ -385,10 +383,7 @@ def format_table(report: dict[str, Any]) -> str:
             if r["fits"] is False else f"failed ({r['error']})"
         lines.append(f"fit {r['length']} + {r['generate']} tokens under {r['max_memory_gib']} GiB: {r['method']} "
                      f"{r['kv_cache']}: {state}")
-    footer = provenance_line(report)
-    if footer:
-        lines.append(footer)
-    return "\n".join(lines)
+    return with_provenance(lines, report)
 
 
 __all__ = ["CACHES", "METHODS", "DecodeBenchConfig", "format_table", "run_decode_bench"]

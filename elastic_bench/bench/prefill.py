@@ -34,6 +34,7 @@ Design decisions:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
 import sys
@@ -47,7 +48,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from elastic_bench.attention import attention_implementation
-from elastic_bench.bench import provenance_line
+from elastic_bench.bench import formatted, with_provenance
 from elastic_bench.interface import AttentionCall, Method
 from elastic_bench.kernels import BlockSelection, HeadPlan, Mode
 from elastic_bench.method.modes import ModeConfig
@@ -521,10 +522,7 @@ def format_table(report: dict[str, Any]) -> str:
         if "error" in r:
             lines.append(f"{r['length']:>7} {r['method']:14} {'failed':>9}  {r['error']}")
             continue
-
-        def fmt(key, spec, scale=1.0, r=r):
-            return format(r[key] * scale, spec) if r.get(key) is not None else ""
-
+        cell = functools.partial(formatted, r)
         notes = []
         if "block_density" in r:
             notes.append(f"block density {r['block_density']:.3f}")
@@ -534,12 +532,9 @@ def format_table(report: dict[str, Any]) -> str:
             notes.append(f"mode {r['mode']}")
         lines.append(
             f"{r['length']:>7} {r['method']:14} {r['median_s']:>9.4f} {r['mean_s']:>9.4f} "
-            f"{fmt('speedup_vs_full', '.2f'):>6} {fmt('fraction_of_ideal', '.0f', 100):>6} "
-            f"{fmt('omega_msr', '.3f'):>5} {fmt('omega_esr', '.3f'):>5} {fmt('routing_seconds', '.4f'):>8} "
-            f"{fmt('routing_fraction', '.1f', 100):>6} {_backend_label(r):14} {fmt('peak_gib', '.1f'):>6}  "
+            f"{cell('speedup_vs_full', '.2f'):>6} {cell('fraction_of_ideal', '.0f', 100):>6} "
+            f"{cell('omega_msr', '.3f'):>5} {cell('omega_esr', '.3f'):>5} {cell('routing_seconds', '.4f'):>8} "
+            f"{cell('routing_fraction', '.1f', 100):>6} {_backend_label(r):14} {cell('peak_gib', '.1f'):>6}  "
             + ", ".join(notes)
         )
-    footer = provenance_line(report)
-    if footer:
-        lines.append(footer)
-    return "\n".join(lines)
+    return with_provenance(lines, report)
