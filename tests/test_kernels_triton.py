@@ -20,6 +20,9 @@ import torch
 CASES = {
     "full_gqa4_d64": (1, 2, 4, 200, 200, 64, "FF", ("token", 16, 40), 64, "float32", None),
     "streaming_token_gqa1_d128": (1, 2, 1, 177, 177, 128, "SS", ("token", 5, 33), 64, "float32", (32, 16, 4, 1, False)),
+    "streaming_token_anchored_gqa4": (1, 2, 4, 400, 400, 32, "SS", ("token", 8, 128), 64, "float32",
+                                      (64, 32, 4, 1, True)),
+    "streaming_token_anchored_fp16": (1, 2, 4, 700, 700, 128, "SF", ("token", 64, 256), 64, "float16", None),
     "streaming_block_gqa4": (1, 2, 4, 300, 300, 32, "SS", ("block", 32, 64), 32, "float32", (32, 16, 4, 1, False)),
     "sparse_gqa1_d64": (2, 1, 1, 150, 150, 64, "BB", ("token", 8, 8), 32, "float32", (32, 16, 4, 1, True)),
     "full_streaming_q_shorter": (1, 2, 4, 77, 333, 32, "FS", ("token", 5, 50), 64, "float32", (64, 32, 4, 1, False)),
@@ -105,6 +108,19 @@ def test_triton_matches_reference(results, name):
     assert r["finite"]
     assert r["fused"] < r["tol"], f"fused kernel differs from reference by {r['fused']}"
     assert r["split"] < r["tol"], f"split backend differs from reference by {r['split']}"
+
+
+def test_streaming_only_launches_take_their_own_tile_shape():
+    from elastic_bench.kernels import HeadPlan, Mode, StreamingGeometry
+    from elastic_bench.kernels.hybrid.fused import CONFIGS, STREAMING_CONFIGS, _config
+
+    q = torch.empty(1, 8, 16, 128, dtype=torch.bfloat16)
+    token = HeadPlan.uniform(Mode.STREAMING, 1, 2, streaming=StreamingGeometry(4, 8, "token"))
+    block = HeadPlan.uniform(Mode.STREAMING, 1, 2, streaming=StreamingGeometry(128, 1024, "block"))
+    assert _config(q, token, None, skip_full=True) == STREAMING_CONFIGS[128] != CONFIGS[128]
+    assert _config(q, token, None, skip_full=False) == CONFIGS[128]  # FULL tiles in the launch too
+    assert _config(q, block, None, skip_full=True) == CONFIGS[128]  # block geometry: aligned tiles
+    assert _config(q.float(), token, None, skip_full=True).block_n == STREAMING_CONFIGS[128].block_n // 2
 
 
 @pytest.mark.gpu

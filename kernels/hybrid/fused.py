@@ -60,6 +60,14 @@ CONFIGS: dict[int, TileConfig] = {
     256: TileConfig(64, 32, 8, 2, True),
 }
 
+# Launches that compute token-granular STREAMING tiles only (``skip_full`` with no block selection: the Triton launch
+# of ``split`` for FA-SSA and all-streaming plans). A streaming tile does a constant ``sink + local`` keys of work, so
+# smaller tiles waste less at the window's edges; in the model at 128K, 64 x 64 with 4 warps ran the all-streaming
+# prefill 0.5% faster than 128 x 128 with 8 warps (docs/benchmarks.md, "Prefill, end to end").
+STREAMING_CONFIGS: dict[int, TileConfig] = {
+    128: TileConfig(64, 64, 4, 3, True),
+}
+
 
 def interpreting() -> bool:
     """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
@@ -92,8 +100,10 @@ def _pack(groups: int, block_m: int) -> int:
     return pack
 
 
-def _config(q: torch.Tensor, plan: HeadPlan, config: TileConfig | None) -> TileConfig:
+def _config(q: torch.Tensor, plan: HeadPlan, config: TileConfig | None, skip_full: bool) -> TileConfig:
     blocky = plan.blocks is not None or plan.streaming.granularity == "block"
+    if config is None and skip_full and not blocky:  # streaming tiles only
+        config = STREAMING_CONFIGS.get(_pow2(max(q.shape[-1], 16)))
     return _fit_config(config, q.shape[-1], q.dtype, plan.block_size if blocky else None)
 
 
@@ -141,7 +151,8 @@ def triton_hybrid_attention(
         scale: softmax scale.
         skip_full: leave the rows of FULL heads unwritten (``split`` computes them with SDPA).
         out: ``[B, Hq, Lq, D]`` to write into (allocated when None).
-        config: tile configuration; per head dimension from `CONFIGS` when None.
+        config: tile configuration; when None, per head dimension from `STREAMING_CONFIGS` for a launch that
+            computes token-granular streaming tiles only, else from `CONFIGS`.
 
     Returns:
         ``[B, Hq, Lq, D]`` in ``q.dtype``; a block-sparse query row with no selected visible key is zero.
@@ -151,7 +162,7 @@ def triton_hybrid_attention(
     B, Hq, Lq, D = q.shape
     H, Lk = k.shape[1], k.shape[2]
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    cfg = _config(q, plan, config)
+    cfg = _config(q, plan, config, skip_full)
     out = torch.empty_like(q) if out is None else out
     first_tile = (Lk - Lq) // cfg.block_m
     n_tiles = -(-Lk // cfg.block_m) - first_tile
@@ -170,13 +181,15 @@ def triton_hybrid_attention(
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         k_desc, v_desc = (TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, cfg.block_n, D]) for t in (k, v))
+    pack = _pack(Hq // H, cfg.block_m)
     hybrid_fwd[(B * Hq * n_tiles,)](
         q, k, v, out, k_desc, v_desc, modes, counts, offsets, indices,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
         B, Hq, H, Hq // H, Lq, Lk, n_tiles, first_tile, n_rows, plan.block_size,
         sink_end, quantum, back, scale * LOG2E,
-        D=D, D_PAD=d_pad, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, PACK=_pack(Hq // H, cfg.block_m),
+        D=D, D_PAD=d_pad, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, PACK=pack,
+        SMALL_N=min(cfg.block_n, max(16, cfg.block_m // pack)),
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_TMA=k_desc is not None,
         SKIP_MODE=int(Mode.FULL) if skip_full else -1, GATHER_STAGES=cfg.gather_stages,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

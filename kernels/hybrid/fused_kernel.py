@@ -10,9 +10,12 @@ The key range of a tile is covered by three loops over ``BLOCK_N`` key blocks, a
 visible sink blocks and the window interior (one loop, so a streaming tile fills one software pipeline, not two), the
 CSR-listed blocks below the diagonal, and the masked blocks (the partial sink block, the window's ragged start and
 the diagonal, again in one loop). Only the masked loop evaluates the mask; FULL is STREAMING with no sink and an
-unbounded window. Softmax is online in fp32 with ``exp2`` and log2(e) folded into the scale; masked logits get a
-finite -1e6 so a fully masked block cannot produce NaN. Base offsets are int64. On Hopper, K/V tiles come through
-TMA tensor descriptors over ``[B, H, Lk, D]`` (zero fill past the end); elsewhere through pointer arithmetic.
+unbounded window. A token-granular streaming tile far enough from the sink instead anchors its window blocks at its
+last key and covers the few keys below them in ``SMALL_N``-key masked blocks (a fourth loop), so it computes the
+window plus its own positions rounded up to ``SMALL_N`` keys, not to ``BLOCK_N``. Softmax is online in fp32 with
+``exp2`` and log2(e) folded into the scale; masked logits get a finite -1e6 so a fully masked block cannot produce
+NaN. Base offsets are int64. On Hopper, K/V tiles come through TMA tensor descriptors over ``[B, H, Lk, D]`` (zero
+fill past the end); elsewhere through pointer arithmetic.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import triton.language as tl
 @triton.jit
 def _attend(
     acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, b, h, lo, hi, lo2, hi2, lo3, hi3,
-    block_ids, sub_blocks, block_size, pos, win_start, sink_end, Lk, qk_scale,
+    shift, shift2, shift3, block_ids, sub_blocks, block_size, pos, win_start, sink_end, Lk, qk_scale,
     D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, GATHER: tl.constexpr, MASK: tl.constexpr,
     PRECISION: tl.constexpr, USE_TMA: tl.constexpr, STAGES: tl.constexpr = None,
 ):
@@ -32,7 +35,8 @@ def _attend(
     each), in one loop: one software pipeline, not one per range.
 
     ``GATHER``: block ``j`` is sub-block ``j % sub_blocks`` of plan block ``block_ids[j // sub_blocks]``; otherwise it
-    starts at key ``j * BLOCK_N``. ``MASK``: apply causality, the sink and the per-row window start ``win_start``.
+    starts at key ``j * BLOCK_N`` plus its range's ``shift`` (``shift2``, ``shift3``). ``MASK``: apply causality,
+    the sink and the per-row window start ``win_start``.
     ``USE_TMA``: K/V tiles come through tensor descriptors over ``[B, H, Lk, D]`` (zero-filled past ``Lk``).
     ``STAGES``: the loop's software-pipelining depth (None: the launch's ``num_stages``).
     """
@@ -47,7 +51,7 @@ def _attend(
             blk = tl.load(block_ids + j // sub_blocks)
             start = blk * block_size + (j % sub_blocks) * BLOCK_N
         else:
-            start = j * BLOCK_N
+            start = j * BLOCK_N + tl.where(i < n1, shift, tl.where(i < n12, shift2, shift3))
         kpos = start + offs_n
         k_ptrs = k_base + start.to(tl.int64) * stride_kn + offs_n[None, :] * stride_kn + offs_d[:, None]
         v_ptrs = v_base + start.to(tl.int64) * stride_vn + offs_n[:, None] * stride_vn + offs_d[None, :]
@@ -94,7 +98,8 @@ def hybrid_fwd(
     B, Hq, H, G, Lq, Lk, n_tiles, first_tile, n_rows, block_size,
     stream_sink_end, stream_quantum, stream_back, qk_scale,
     D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PACK: tl.constexpr,
-    PRECISION: tl.constexpr, USE_TMA: tl.constexpr, SKIP_MODE: tl.constexpr, GATHER_STAGES: tl.constexpr = None,
+    SMALL_N: tl.constexpr, PRECISION: tl.constexpr, USE_TMA: tl.constexpr, SKIP_MODE: tl.constexpr,
+    GATHER_STAGES: tl.constexpr = None,
 ):
     """One work item: program ``pid`` takes query tile ``n_tiles - 1 - pid // (B·Hq)`` (heaviest first: a causal tile's
     work grows with its position) of sample ``pid // Hq % B`` and query head ``pid % Hq``; the heads of one tile are
@@ -172,26 +177,51 @@ def hybrid_fwd(
     diag_lo = tl.where(sparse, diag_block * sub_blocks, diag_lo)
     diag_hi = tl.where(sparse & (n_diag == 0), diag_lo, diag_hi)
 
+    # Token-granular streaming tiles anchor their window at the tile's last key instead of at key block bounds:
+    # ``n_win`` blocks end at ``p_last`` (the last ``n_causal`` of them on the diagonal, masked), and the few keys below
+    # them that the tile's first rows still see come in ``SMALL_N``-key masked blocks. A tile of ``rph`` positions then
+    # computes ``local + rph - 1`` window keys rounded up to ``SMALL_N``, not to ``BLOCK_N``. Only where the anchored
+    # blocks stay above the sink blocks; other tiles keep the aligned ranges.
+    n_win = (back + 1) // BLOCK_N
+    n_causal = tl.cdiv(p_last - p_first + 1, BLOCK_N)
+    lowest = p_last + 1 - n_win * BLOCK_N
+    n_small = tl.cdiv(tl.maximum(lowest - w_lo, 0), SMALL_N)
+    small_lo = lowest - n_small * SMALL_N
+    anchor = streaming & (SMALL_N < BLOCK_N) & (quantum == 1) & (n_win >= n_causal) \
+        & (small_lo >= tl.cdiv(sink_end, BLOCK_N) * BLOCK_N)
+    win_lo = tl.where(anchor, 0, edge_hi)
+    win_hi = tl.where(anchor, n_win - n_causal, inner_hi)
+    mask_lo = tl.where(anchor, n_win - n_causal, edge_lo)
+    mask_hi = tl.where(anchor, n_win, edge_hi)
+    win_shift = tl.where(anchor, lowest, 0)
+    diag_lo = tl.where(anchor, 0, diag_lo)
+    diag_hi = tl.where(anchor, 0, diag_hi)
+
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     ids_ptr = Indices + row_start
     if sparse:  # block-list loop only (a block-sparse tile has no sink or window range)
         acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, K_desc, V_desc, b, h,
-                                0, n_below * sub_blocks, 0, 0, 0, 0, ids_ptr, sub_blocks, block_size, pos, win_start,
-                                sink_end, Lk, qk_scale, D, D_PAD, BLOCK_N, True, False, PRECISION, USE_TMA,
+                                0, n_below * sub_blocks, 0, 0, 0, 0, 0, 0, 0, ids_ptr, sub_blocks, block_size, pos,
+                                win_start, sink_end, Lk, qk_scale, D, D_PAD, BLOCK_N, True, False, PRECISION, USE_TMA,
                                 GATHER_STAGES)
     else:
         acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, K_desc, V_desc, b, h,
-                                0, sink_full, edge_hi, inner_hi, 0, 0, ids_ptr, sub_blocks, block_size, pos,
-                                win_start, sink_end, Lk, qk_scale, D, D_PAD, BLOCK_N, False, False, PRECISION,
+                                0, sink_full, win_lo, win_hi, 0, 0, 0, win_shift, 0, ids_ptr, sub_blocks, block_size,
+                                pos, win_start, sink_end, Lk, qk_scale, D, D_PAD, BLOCK_N, False, False, PRECISION,
                                 USE_TMA)
     # The masked blocks in one loop: the partial sink block and the window's ragged start (empty for FULL and
-    # BLOCK_SPARSE tiles), then the diagonal.
+    # BLOCK_SPARSE tiles), then the diagonal; for an anchored tile, its diagonal blocks and then its small blocks.
     acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, K_desc, V_desc, b, h,
-                            sink_full, sink_hi, edge_lo, edge_hi, diag_lo, diag_hi, ids_ptr, sub_blocks, block_size,
-                            pos, win_start, sink_end, Lk, qk_scale, D, D_PAD, BLOCK_N, False, True, PRECISION,
-                            USE_TMA)
+                            sink_full, sink_hi, mask_lo, mask_hi, diag_lo, diag_hi, 0, win_shift, 0, ids_ptr,
+                            sub_blocks, block_size, pos, win_start, sink_end, Lk, qk_scale, D, D_PAD, BLOCK_N, False,
+                            True, PRECISION, USE_TMA)
+    if SMALL_N < BLOCK_N:
+        acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, K_desc, V_desc, b, h,
+                                0, tl.where(anchor, n_small, 0), 0, 0, 0, 0, small_lo, 0, 0, ids_ptr, sub_blocks,
+                                block_size, pos, win_start, sink_end, Lk, qk_scale, D, D_PAD, SMALL_N, False, True,
+                                PRECISION, False)
 
     out = tl.where(l_i[:, None] > 0, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
     o_ptrs = Out + b.to(tl.int64) * stride_ob + heads.to(tl.int64)[:, None] * stride_oh \
