@@ -124,8 +124,9 @@ def test_streaming_only_launches_take_their_own_tile_shape():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("granularity", ["block", "token"])  # token: anchored streaming tiles
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_gpu_backends_match_reference(head_dim):
+def test_gpu_backends_match_reference(head_dim, granularity):
     from elastic_bench.kernels import hybrid_attention
 
     gen = torch.Generator(device="cuda").manual_seed(head_dim)
@@ -133,7 +134,7 @@ def test_gpu_backends_match_reference(head_dim):
     for Lq in (Lk, 1000):
         q = torch.randn(B, H * G, Lq, head_dim, device="cuda", generator=gen, dtype=torch.bfloat16)
         k, v = (torch.randn(B, H, Lk, head_dim, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in "kv")
-        plan = _plan(B, H, H * G, Lk, "FSBSBBFF", ("block", 128, 1024), 128, torch.Generator().manual_seed(0))
+        plan = _plan(B, H, H * G, Lk, "FSBSBBFF", (granularity, 128, 1024), 128, torch.Generator().manual_seed(0))
         plan = type(plan)(plan.modes.cuda(), plan.streaming, plan.blocks, plan.block_size)
         ref = hybrid_attention(q, k, v, plan, backend="reference").float()
         for backend in ("triton", "split"):
