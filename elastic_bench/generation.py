@@ -74,8 +74,8 @@ class DecodeGraph:
     """One decode step of a batch-1 ``model`` over a `PackedCache`, captured as a CUDA graph and replayed.
 
     The step's inputs (token and position) live in static tensors; the cache's writes use device-side positions
-    (`PackedLayer.step`), so a replay repeats the step one position further. Capturing runs the step's Python once: the
-    cache counts that step then, and `step` counts every later one on the host. The cache must have room for every
+    (`PackedLayer.newest`), so a replay repeats the step one position further. Capturing runs the step's Python once:
+    the cache counts that step then, and `step` counts every later one on the host. The cache must have room for every
     step (`PackedCache.reserve`). Warm up with eager steps first (they compile the kernels).
     """
 

@@ -12,8 +12,9 @@ Design decisions:
   evicting cache keeps ``sink_end`` sink slots and a ring of ``window_span`` slots, the newest token overwriting the
   oldest, so its storage never grows; without eviction it is kept whole and its window is applied by mask
   (upstream's behaviour).
-- A decode step writes the new token into each row's slot (``index_copy_`` at positions computed on the device: no
-  concatenation, no host synchronisation) and returns the new token's states; the attention glue reads the packed
+- A decode step writes the new token into each row's slot (`elastic_bench.kernels.decode.append_token`, one call
+  per layer, positions advanced on the device: no concatenation, no host synchronisation) and returns the new token's
+  states; the attention glue reads the packed
   layer instead (`elastic_bench.kernels.decode.decode_attention`, one call per layer). When the kept rows' room is
   used up, the layer is reallocated with ``GROW`` more slots per kept row.
 - Decode plans with BLOCK_SPARSE heads or a chunked geometry are refused when packing (no method decodes so).
@@ -25,7 +26,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from elastic_bench.kernels import HeadPlan, Mode
-from elastic_bench.kernels.decode import PackedKV
+from elastic_bench.kernels.decode import AppendRule, PackedKV, append_token
 
 GROW = 256  # decode tokens of room per kept row, added again whenever it runs out
 CACHE_KEYWORDS = ("cache", "past_key_values")  # a forward's cache argument: transformers >= 5.24, and before
@@ -108,21 +109,16 @@ class PackedLayer(DynamicLayer):
                 positions[slots] = kept.int()
         device = keys.device
         self.tokens = L
-        self.steps = 0  # decode tokens written (host); `step` counts them on the device, for CUDA-graph replays
-        self.step = torch.zeros((), dtype=torch.int32, device=keys.device)
+        self.steps = 0  # decode tokens written (host); `newest` advances on the device, for CUDA-graph replays
         self.room = GROW
-        self.geometry, self.block_size = geometry, plan.block_size
-        self.last = torch.tensor(lengths, dtype=torch.int32, device=device).repeat_interleave(H) - 1  # [R]
-        self.streaming = streaming.reshape(-1).to(device)
-        self.ring = ring.reshape(-1).to(device)
-        self.ring_sink, self.ring_span = sink, span
+        self.newest = torch.tensor(lengths, dtype=torch.int32, device=device).repeat_interleave(H) - 1  # [R]
+        self.rule = AppendRule(ring.reshape(-1).to(device), streaming.reshape(-1).to(device), sink, span,
+                               *geometry.window_steps(plan.block_size))
         self.kept_rows = [r for r in range(B * H) if not bool(ring.reshape(-1)[r])]
-        sink_end = torch.where(self.streaming, sink, 0).int()
-        self.packed = _packed(dense_k, dense_v, positions, offsets, caps, self._window_start(self.last), sink_end)
+        window_start = torch.where(self.rule.streaming, geometry.window_start(self.newest, plan.block_size), 0).int()
+        sink_end = torch.where(self.rule.streaming, sink, 0).int()
+        self.packed = _packed(dense_k, dense_v, positions, offsets, caps, window_start, sink_end)
         self.keys = self.values = None  # the dense prompt is released
-
-    def _window_start(self, pos: torch.Tensor) -> torch.Tensor:
-        return torch.where(self.streaming, self.geometry.window_start(pos, self.block_size), 0).int()
 
     # ---- decoding ------------------------------------------------------------------------------------------------
 
@@ -137,16 +133,8 @@ class PackedLayer(DynamicLayer):
         self.advance()
         if self.steps > self.room:
             self._grow(GROW)
-        kv = self.packed
-        self.step.add_(1)
-        pos = self.last + self.step  # [R] the new token's position in each row's sample
-        wrap = self.ring & (pos >= self.ring_sink)
-        slot = kv.offsets + torch.where(wrap, self.ring_sink + (pos - self.ring_sink) % self.ring_span, pos)
-        rows = kv.num_rows
-        kv.keys.index_copy_(0, slot, key_states.reshape(rows, -1))
-        kv.values.index_copy_(0, slot, value_states.reshape(rows, -1))
-        kv.positions.index_copy_(0, slot, pos)
-        kv.window_start = self._window_start(pos)
+        rows = self.packed.num_rows
+        append_token(self.packed, key_states.reshape(rows, -1), value_states.reshape(rows, -1), self.newest, self.rule)
         return key_states, value_states
 
     def advance(self) -> None:

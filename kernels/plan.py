@@ -94,9 +94,16 @@ class StreamingGeometry:
         shape and may be negative, meaning that every earlier key is in the window)."""
         if self.chunk_starts:
             return self.chunk_start(pos) - self.local
+        quantum, back = self.window_steps(block_size)
+        return (pos // quantum - back) * quantum
+
+    def window_steps(self, block_size: int) -> tuple[int, int]:
+        """``(quantum, back)`` of an unchunked geometry: the window of a query at position ``p`` starts at ``(p //
+        quantum - back) · quantum`` (token: quantum 1, back ``local - 1``; block: quantum ``block_size``, back the
+        local blocks after the diagonal's)."""
         if self.granularity == "token":
-            return pos - self.local + 1
-        return (pos // block_size - self.blocks(block_size)[1] + 1) * block_size
+            return 1, self.local - 1
+        return block_size, self.blocks(block_size)[1] - 1
 
     def chunk_start(self, pos: torch.Tensor) -> torch.Tensor:
         """Start of the prefill chunk holding each absolute position of ``pos`` (any shape; 0 in the first chunk)."""

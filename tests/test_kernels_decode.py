@@ -16,6 +16,12 @@ CASES = {
     "gqa8_fp16": (1, 2, 8, 64, (300, 90), "float16"),
 }
 
+# name: (rows, head_dim, ring rows, (quantum, back) of the window start, dtype); head_dim 24 is padded in the kernel
+APPEND_CASES = {
+    "append_rings_and_whole_rows": (6, 16, (1, 0, 1, 0, 0, 1), (1, 4), "float32"),
+    "append_block_windows_d24": (3, 24, (0, 1, 1), (4, 1), "float16"),
+}
+
 
 def packed(B, H, D, slots, dtype, gen):
     """A random `PackedKV`: rows of the given slot counts, shuffled positions with empty slots, windows and sinks."""
@@ -51,6 +57,45 @@ def _run_case(name: str) -> dict:
     return {"err": float((out.float() - ref).abs().max()), "tol": 1e-4 if dtype == torch.float32 else 2e-2}
 
 
+def _run_append_case(name: str, device: str = "cpu") -> dict:
+    """Eight decode tokens appended by both backends (more than a ring's 5 window slots, so rings wrap): every tensor
+    the append writes must agree."""
+    from elastic_bench.kernels.decode import AppendRule, PackedKV, append_token
+
+    R, D, ring, (quantum, back), dtype = APPEND_CASES[name]
+    gen = torch.Generator().manual_seed(len(name))
+    sink, span = 3, 5
+    lengths = [12 + 3 * r for r in range(R)]
+    caps = [sink + span if ring[r] else lengths[r] + 10 for r in range(R)]
+    offsets = torch.tensor([0, *caps[:-1]]).cumsum(0)
+    n = sum(caps)
+    streaming = torch.tensor([bool(ring[r]) or r % 3 == 1 for r in range(R)])
+    rule = AppendRule(torch.tensor(ring, dtype=torch.bool), streaming, sink, span, quantum, back)
+
+    rule = AppendRule(rule.ring.to(device), rule.streaming.to(device), sink, span, quantum, back)
+
+    def fresh():
+        kv = PackedKV(torch.zeros(n, D, dtype=getattr(torch, dtype)), torch.zeros(n, D, dtype=getattr(torch, dtype)),
+                      torch.full((n,), -1, dtype=torch.int32), offsets, torch.tensor(caps, dtype=torch.int32),
+                      torch.zeros(R, dtype=torch.int32), torch.zeros(R, dtype=torch.int32), max(caps))
+        return dataclasses.replace(kv, **{k: v.to(device) for k, v in vars(kv).items() if torch.is_tensor(v)})
+
+    kvs = {b: fresh() for b in ("reference", "triton")}
+    newest = {b: torch.tensor(lengths, dtype=torch.int32, device=device) - 1 for b in kvs}
+    for _ in range(8):
+        key, value = (torch.randn(R, D, generator=gen).to(device, getattr(torch, dtype)) for _ in "kv")
+        for b in kvs:
+            append_token(kvs[b], key, value, newest[b], rule, backend=b)
+    ref, out = kvs["reference"], kvs["triton"]
+    diff = max(float((getattr(ref, f).float() - getattr(out, f).float()).abs().max())
+               for f in ("keys", "values", "positions", "window_start"))
+    return {"err": max(diff, float((newest["reference"] - newest["triton"]).abs().max()))}
+
+
+def _run_any(name: str) -> dict:
+    return _run_append_case(name) if name in APPEND_CASES else _run_case(name)
+
+
 @pytest.fixture(scope="module")
 def results() -> dict:
     return run_interpreted(__file__)
@@ -61,6 +106,34 @@ def test_triton_decode_matches_reference(results, name):
     r = results[name]
     assert "error" not in r, r.get("error")
     assert r["err"] < r["tol"], f"Triton decode differs from the reference by {r['err']}"
+
+
+@pytest.mark.parametrize("name", list(APPEND_CASES))
+def test_triton_append_matches_reference(results, name):
+    r = results[name]
+    assert "error" not in r, r.get("error")
+    assert r["err"] == 0.0, f"Triton append differs from the reference by {r['err']}"
+
+
+def test_reference_append_writes_rings_and_whole_rows():
+    """The reference append: a whole row puts position p in slot p, a ring row wraps after its sink; window starts."""
+    from elastic_bench.kernels.decode import AppendRule, PackedKV, append_token
+
+    caps = [4, 2 + 3]  # a whole row (room for 4 tokens) and a ring of sink 2 + window 3
+    kv = PackedKV(torch.zeros(9, 2), torch.zeros(9, 2), torch.full((9,), -1, dtype=torch.int32),
+                  torch.tensor([0, 4]), torch.tensor(caps, dtype=torch.int32), torch.zeros(2, dtype=torch.int32),
+                  torch.zeros(2, dtype=torch.int32), 5)
+    rule = AppendRule(torch.tensor([False, True]), torch.tensor([False, True]), 2, 3, 1, 2)
+    newest = torch.tensor([-1, 4], dtype=torch.int32)  # the ring row already holds positions 0-4
+    for t in range(3):
+        append_token(kv, torch.full((2, 2), float(t)), torch.full((2, 2), -float(t)), newest, rule, backend="reference")
+    assert newest.tolist() == [2, 7]
+    assert kv.positions[:4].tolist() == [0, 1, 2, -1]
+    assert kv.positions[4:].tolist()[2:] == [5, 6, 7]  # ring slot 2 + (p - 2) % 3 of positions 5, 6, 7
+    assert kv.keys[4 + 2 + (7 - 2) % 3].tolist() == [2.0, 2.0] and kv.values[2].tolist() == [-2.0, -2.0]
+    assert kv.window_start.tolist() == [0, 7 - 2]  # (p // 1 - 2) · 1 for the streaming row, 0 for the other
+    with pytest.raises(ValueError, match="appends keys and values"):
+        append_token(kv, torch.zeros(3, 2), torch.zeros(3, 2), newest, rule)
 
 
 def test_reference_is_masked_dense_attention():
@@ -104,6 +177,12 @@ def test_splits_are_chosen_for_the_long_rows():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", list(APPEND_CASES))
+def test_gpu_append_matches_reference(name):
+    assert _run_append_case(name, "cuda")["err"] == 0.0
+
+
+@pytest.mark.gpu
 def test_gpu_decode_matches_reference():
     from elastic_bench.kernels.decode import decode_attention
 
@@ -117,4 +196,4 @@ def test_gpu_decode_matches_reference():
 
 
 if __name__ == "__main__":
-    print_case_results(CASES, _run_case)
+    print_case_results({**CASES, **APPEND_CASES}, _run_any)

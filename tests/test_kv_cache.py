@@ -97,7 +97,7 @@ def test_elastic_sparse_decode_routes_samples_differently(tiny_models):
     assert not torch.equal(stats["decisions"][0], stats["decisions"][1])  # the two prompts are routed differently
     evicting, cache, _ = forced_decode(model, method, "evicting", prompts)
     torch.testing.assert_close(evicting, reference, atol=2e-5, rtol=1e-4)
-    streaming = [layer.streaming.view(2, -1) for layer in cache.layers]  # what each layer's rows evicted
+    streaming = [layer.rule.streaming.view(2, -1) for layer in cache.layers]  # what each layer's rows evicted
     assert torch.equal(torch.stack(streaming, 1), stats["decisions"] == Mode.STREAMING)
 
 

@@ -9,8 +9,11 @@ Design decisions:
   after its ``window_start`` or before its ``sink_end`` (a FULL row: window start 0). One rule covers FULL rows,
   streaming rows that evicted, and streaming rows that kept everything (upstream's behaviour, for comparison).
 - GQA without repeating KV heads: the ``G = Hq / H`` query heads of a row are computed together against its slots.
-- Backends: ``reference`` (torch, any device; the ground truth) and ``triton`` (a split-K kernel and its combine, on
-  CUDA or under ``TRITON_INTERPRET=1``); ``auto`` takes Triton on CUDA.
+- A decode token is written into every row by one call too (`append_token`: one program per row on the GPU, instead
+  of a dozen small torch operations per layer that a CUDA-graph replay would launch one by one). Positions advance on
+  the device, so a replayed step appends one position further.
+- Backends: ``reference`` (torch, any device; the ground truth) and ``triton`` (a split-K kernel and its combine, and
+  the append program, on CUDA or under ``TRITON_INTERPRET=1``); ``auto`` takes Triton on CUDA.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from . import fused
-from .naive import naive_decode_attention
+from .naive import naive_append_token, naive_decode_attention
 
 
 @dataclass
@@ -87,6 +90,47 @@ def decode_attention(q: torch.Tensor, kv: PackedKV, scale: float | None = None, 
     return out.reshape(B, Hq, 1, D)
 
 
+@dataclass(frozen=True)
+class AppendRule:
+    """Where `append_token` writes a row's new token, and how the row's window start follows it.
+
+    Attributes:
+        ring: ``[R]`` bool; such a row keeps ``ring_sink`` sink slots and a ring of ``ring_span`` window slots, the
+            token at position ``p >= ring_sink`` going to slot ``ring_sink + (p - ring_sink) % ring_span``; other rows
+            put position ``p`` in slot ``p``.
+        streaming: ``[R]`` bool; such a row's window starts at ``(p // quantum - back) · quantum`` after the token at
+            ``p``, the others' at 0.
+        ring_sink, ring_span, quantum, back: host integers.
+    """
+
+    ring: torch.Tensor
+    streaming: torch.Tensor
+    ring_sink: int
+    ring_span: int
+    quantum: int
+    back: int
+
+
+def append_token(kv: PackedKV, key: torch.Tensor, value: torch.Tensor, newest: torch.Tensor, rule: AppendRule,
+                 backend: str = "auto") -> None:
+    """Write one decode token per row into ``kv``, in place.
+
+    Args:
+        kv: the layer's packed cache; its keys, values, positions and window starts are updated.
+        key, value: ``[R, D]`` the new token's states, row ``b · H + h``.
+        newest: ``[R]`` int32 position of each row's newest token, advanced by one in place.
+        rule: where each row's token goes (`AppendRule`).
+        backend: ``"auto"``, ``"reference"`` or ``"triton"``.
+    """
+    if key.shape != (kv.num_rows, kv.keys.shape[1]) or value.shape != key.shape:
+        raise ValueError(f"a packed cache of {kv.num_rows} rows × head_dim {kv.keys.shape[1]} appends keys and values "
+                         f"of shape {(kv.num_rows, kv.keys.shape[1])}, got {tuple(key.shape)} and {tuple(value.shape)}")
+    if resolve_decode_backend(backend, key.device) == "triton":
+        fused.triton_append_token(kv, key, value, newest, rule)
+    else:
+        naive_append_token(kv, key, value, newest, rule)
+
+
 def resolve_decode_backend(backend: str, device: torch.device) -> str:
     """The decode backend ``backend`` means on ``device``: ``auto`` → ``triton`` where it runs on CUDA, else
     ``reference``; a prefill backend name (``split``, ``flex``, ...) maps the same way, since decode has its own
@@ -100,4 +144,5 @@ def resolve_decode_backend(backend: str, device: torch.device) -> str:
     return "reference"
 
 
-__all__ = ["PackedKV", "decode_attention", "naive_decode_attention", "resolve_decode_backend"]
+__all__ = ["AppendRule", "PackedKV", "append_token", "decode_attention", "naive_append_token", "naive_decode_attention",
+           "resolve_decode_backend"]

@@ -72,3 +72,22 @@ def combine(PARTIAL, STATS, OUT, SLOTS, per_split, splits, stat_stride, G: tl.co
     total = tl.maximum(tl.sum(w * tl.load(STATS + stat_stride + item, mask=live, other=0.0), 0), 1e-30)
     o = tl.load(PARTIAL + item[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
     tl.store(OUT + head * D + d, (tl.sum(o * w[:, None], 0) / total).to(OUT.dtype.element_ty))
+
+
+@triton.jit
+def append_token(KEY, VALUE, K, V, POS, OFFSETS, NEWEST, RING, STREAMING, WINDOW_START, ring_sink, ring_span, quantum,
+                 back, D: tl.constexpr, D_PAD: tl.constexpr):
+    """One program per row: advance the row's newest position, write the token's key, value and position into its slot
+    (a ring row past its sink: ``ring_sink + (pos - ring_sink) % ring_span``), and update the row's window start."""
+    r = tl.program_id(0)
+    pos = tl.load(NEWEST + r) + 1
+    tl.store(NEWEST + r, pos)
+    wrap = (tl.load(RING + r) != 0) & (pos >= ring_sink)
+    slot = tl.load(OFFSETS + r) + tl.where(wrap, ring_sink + (pos - ring_sink) % ring_span, pos)
+    d = tl.arange(0, D_PAD)
+    inside = d < D
+    tl.store(K + slot * D + d, tl.load(KEY + r * D + d, mask=inside), mask=inside)
+    tl.store(V + slot * D + d, tl.load(VALUE + r * D + d, mask=inside), mask=inside)
+    tl.store(POS + slot, pos)
+    window = tl.where(tl.load(STREAMING + r) != 0, (pos // quantum - back) * quantum, 0)
+    tl.store(WINDOW_START + r, window)

@@ -68,3 +68,15 @@ def triton_decode_attention(q: torch.Tensor, kv, scale: float) -> torch.Tensor:
     combine[(R * G, D // block_d)](partial, stats, out, kv.slots, per_split, splits, R * splits * G, G=G, D=D,
                                    SPLITS_PAD=max(1 << (splits - 1).bit_length(), 2), BLOCK_D=block_d, num_warps=4)
     return out
+
+
+def triton_append_token(kv, key: torch.Tensor, value: torch.Tensor, newest: torch.Tensor, rows) -> None:
+    """`append_token` in one launch of one program per row."""
+    from ._kernels import append_token
+
+    R, D = key.shape
+    append_token[(R,)](
+        key.contiguous(), value.contiguous(), kv.keys, kv.values, kv.positions, kv.offsets, newest, rows.ring,
+        rows.streaming, kv.window_start, rows.ring_sink, max(rows.ring_span, 1), rows.quantum, rows.back,
+        D=D, D_PAD=1 << max(D - 1, 0).bit_length(), num_warps=1,
+    )

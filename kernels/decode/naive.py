@@ -1,4 +1,5 @@
-"""Reference decode attention over a packed cache: gather each row's slots, mask the invisible ones, softmax."""
+"""Reference decode attention over a packed cache (gather each row's slots, mask the invisible ones, softmax), and the
+reference of writing a decode token into it."""
 
 from __future__ import annotations
 
@@ -21,3 +22,16 @@ def naive_decode_attention(q: torch.Tensor, kv, scale: float) -> torch.Tensor:
     scores = scores.masked_fill(~visible[:, None], float("-inf"))
     weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a row without a visible slot gives zeros
     return torch.einsum("rgs,rsd->rgd", weights, values).to(q.dtype).reshape(R, -1, q.shape[-1])
+
+
+def naive_append_token(kv, key: torch.Tensor, value: torch.Tensor, newest: torch.Tensor, rows) -> None:
+    """Write one new token per row into `PackedKV` ``kv`` (see `append_token`); torch operations on any device."""
+    newest.add_(1)
+    pos = newest
+    wrap = rows.ring & (pos >= rows.ring_sink)
+    slot = kv.offsets + torch.where(wrap, rows.ring_sink + (pos - rows.ring_sink) % max(rows.ring_span, 1), pos)
+    kv.keys.index_copy_(0, slot, key)
+    kv.values.index_copy_(0, slot, value)
+    kv.positions.index_copy_(0, slot, pos)
+    window = (pos.div(rows.quantum, rounding_mode="floor") - rows.back) * rows.quantum
+    kv.window_start.copy_(torch.where(rows.streaming, window, 0))

@@ -126,10 +126,7 @@ def streaming_params(plan: HeadPlan) -> tuple[int, int, int]:
     """(sink end, window quantum, quantum steps back) of the plan's streaming geometry (see `hybrid_fwd`)."""
     check_unchunked(plan)
     geo, bs = plan.streaming, plan.block_size
-    if geo.granularity == "token":
-        return geo.sink, 1, geo.local - 1
-    sink_blocks, local_blocks = geo.blocks(bs)
-    return sink_blocks * bs, bs, local_blocks - 1
+    return geo.sink_end(bs), *geo.window_steps(bs)
 
 
 def triton_hybrid_attention(
