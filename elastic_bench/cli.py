@@ -654,8 +654,9 @@ DESCRIPTIONS: dict[str, tuple[str, str, Callable[[Any], int]]] = {
     "bench prefill": ("time a model's prefill under each method beside full attention and the no-attention floor",
                       "Time one prefill forward of random token ids (batch 1, logits_to_keep=1, no cache; bf16 on "
                       "CUDA) under the floor (attention replaced by a no-op: what no sparse method can beat), the "
-                      "model's own SDPA, the full method and each of --methods, after one untimed warm-up forward. "
-                      "Prints a table (median and mean seconds, speedup vs full, fraction of the ideal speedup "
+                      "model's own SDPA, the full method and each of --methods: every method's untimed warm-up "
+                      "forward, then --repeats rounds of one timed forward per method in turn. Prints a table "
+                      "(median and mean seconds, speedup vs full, fraction of the ideal speedup "
                       "t_full / (t_floor + (t_full - t_floor)(1 - ΩESR)), ΩMSR, ΩESR, routing time, kernel backend, "
                       "peak memory) and writes JSON with the versions and the device. A method that fails is "
                       "recorded with its error.", _bench_prefill),

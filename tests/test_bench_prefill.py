@@ -1,5 +1,6 @@
 """``elastic-bench bench prefill``: every method's record, the floor and the ideal, the seeded head splits, the warm-up
-kept out of the timings, errors recorded per method, inputs checked before the model loads."""
+kept out of the timings, the timed forwards taken in rounds, errors recorded per method, inputs checked before the
+model loads."""
 
 from __future__ import annotations
 
@@ -84,6 +85,39 @@ def test_the_warm_up_forward_is_not_timed(tmp_path, monkeypatch):
         assert r["median_s"] < sleep / 2 and max(r["times_s"]) < sleep / 2, r
         if r["method"] in ("full", "streaming"):
             assert r["prefill_backends"] == {"stub_slow_first": 2 * LAYERS}
+
+
+def test_timed_forwards_take_turns_round_by_round(tmp_path, monkeypatch):
+    """Every method's warm-up first, then one timed forward per method per round: a drift of the device over the
+    sweep reaches every method alike. A method failing in a round leaves the rounds with its error recorded."""
+    calls, forward = [], prefill._Entry.forward
+
+    def logged(entry, index):
+        calls.append((entry.name, index))
+        if entry.name == "streaming" and index == 1:
+            raise RuntimeError("out of memory (stub)")
+        forward(entry, index)
+
+    monkeypatch.setattr(prefill._Entry, "forward", logged)
+    rc, report = _bench(tmp_path, "--lengths", "256", "--methods", "streaming,fa-ssa", "--repeats", "3")
+    assert rc == 0
+    names = ["floor", "full", "streaming", "fa-ssa"]
+    assert calls == [(n, None) for n in names] + [(n, 0) for n in names] + [(n, 1) for n in names] \
+        + [(n, 2) for n in names if n != "streaming"]
+    rows = {r["method"]: r for r in report["results"]}
+    assert "out of memory (stub)" in rows["streaming"]["error"] and "median_s" not in rows["streaming"]
+    assert len(rows["fa-ssa"]["times_s"]) == 3 and rows["fa-ssa"]["prefill_backends"] == {"reference": 3 * LAYERS}
+    assert rows["fa-ssa"]["omega_msr"] == round(0.7 * LAYERS * KV_HEADS) / (LAYERS * KV_HEADS)
+
+
+def test_random_blocks_are_drawn_in_the_warm_up_only(tmp_path, monkeypatch):
+    """The timed forwards, each in a context of its own, reuse the warm-up's random blocks (drawn once per layer)."""
+    from elastic_bench.kernels import bench as kernel_bench
+
+    draws, draw = [], kernel_bench.random_blocks
+    monkeypatch.setattr(kernel_bench, "random_blocks", lambda *args: draws.append(args[1]) or draw(*args))
+    rc, _ = _bench(tmp_path, "--lengths", "256,384", "--methods", "fa-xa", "--density", "0.5", "--repeats", "3")
+    assert rc == 0 and draws == [256] * LAYERS + [384] * LAYERS
 
 
 def test_a_failing_method_is_recorded_and_the_sweep_goes_on(tmp_path):

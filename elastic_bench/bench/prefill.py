@@ -24,9 +24,13 @@ Design decisions:
 - Routing time: the method's ``plan`` is wrapped (`PlanTimer`), each call bracketed by CUDA events (perf_counter on
   the CPU); a forward's routing time is the sum over its layers, reported as the median over the timed forwards.
   For the XA modes the estimation inside the plan is reported as well.
-- Timing: per (method, length) one untimed warm-up forward (it compiles the Triton kernels), then ``--repeats``
-  forwards, each bracketed by CUDA events and queued without synchronisation, one synchronisation at the end
-  (perf_counter on the CPU); the median and the mean, and the peak allocated memory of the timed forwards on CUDA.
+- Timing: at each length every method's untimed warm-up forward (it compiles the Triton kernels), then ``--repeats``
+  rounds of one timed forward per method in turn, so a drift of the device over the sweep (its clock and temperature
+  under the power limit) reaches every method alike rather than the methods timed last. Each forward runs inside its
+  method's context (`elastic_bench.apply`, or the floor's or SDPA's implementation), bracketed by CUDA events
+  (perf_counter on the CPU), read after one synchronisation at the end; the median and the mean, and the peak
+  allocated memory of the timed forwards on CUDA. The statistics of a method's timed forwards are pooled over its
+  contexts.
 - A method that fails (out of memory at 256K, ...) is recorded with its error and the sweep goes on. Inputs are
   checked before the model loads.
 """
@@ -50,7 +54,7 @@ import torch
 from elastic_bench.attention import attention_implementation
 from elastic_bench.bench import formatted, with_provenance
 from elastic_bench.interface import AttentionCall, Method
-from elastic_bench.kernels import BlockSelection, HeadPlan, Mode
+from elastic_bench.kernels import BlockSelection, HeadPlan, Mode, sample_means
 from elastic_bench.method.modes import ModeConfig
 
 REFERENCES = ("floor", "full")  # run at every length, first: every ratio needs them
@@ -80,7 +84,8 @@ class PrefillBenchConfig:
         router: Elastic router checkpoint folder: adds the elastic method, its mode from the checkpoint (untrained:
             seeded untrained routers).
         backend: attention kernel backend passed to apply: auto, reference, triton, split, flex, ...
-        repeats: timed forwards per method and length, after one untimed warm-up forward.
+        repeats: timed forwards per method and length (rounds of one per method), after one untimed warm-up
+            forward each.
         seed: seed of the token ids, the head splits, the gates and the random blocks.
         device: cuda, cpu, cuda:1, ... (none: cuda when available).
         output: JSON file the results are written to.
@@ -149,10 +154,6 @@ class Stopwatch:
         self.forward: int | None = None  # index of the timed forward under way
         self._spans: list[tuple[str, int, Any, Any]] = []
 
-    def reset(self) -> None:
-        self.forward = None
-        self._spans.clear()
-
     @contextmanager
     def span(self, name: str) -> Iterator[None]:
         """Time the block as one span of ``name`` in the current timed forward."""
@@ -215,36 +216,6 @@ class PlanTimer:
         vars(self.method).pop("plan", None)
 
 
-def time_forwards(forward: Callable[[], Any], stopwatch: Stopwatch, repeats: int,
-                  after_warmup: Callable[[], None] | None = None) -> tuple[dict[str, Any], dict[str, list[float]]]:
-    """One untimed warm-up call of ``forward``, ``after_warmup()``, then ``repeats`` timed calls.
-
-    Returns:
-        ``({"median_s", "mean_s", "times_s", "peak_gib" (CUDA)}, {span name: [seconds per timed forward]})``.
-    """
-    out = forward()
-    del out
-    if stopwatch.cuda:
-        torch.cuda.synchronize(stopwatch.device)
-    if after_warmup is not None:
-        after_warmup()
-    stopwatch.reset()
-    if stopwatch.cuda:
-        torch.cuda.reset_peak_memory_stats(stopwatch.device)
-    for index in range(repeats):
-        stopwatch.forward = index
-        with stopwatch.span("forward"):
-            out = forward()
-        del out
-    totals = stopwatch.totals(repeats)
-    stopwatch.forward = None
-    times = totals["forward"]
-    timing: dict[str, Any] = {"median_s": statistics.median(times), "mean_s": statistics.mean(times), "times_s": times}
-    if stopwatch.cuda:
-        timing["peak_gib"] = torch.cuda.max_memory_allocated(stopwatch.device) / 2**30
-    return timing, totals
-
-
 # ---- methods ---------------------------------------------------------------------------------------------------
 
 
@@ -280,7 +251,8 @@ class SeededModes(Method):
         self.full_side: torch.Tensor | None = None  # [L, H] bool, set by setup
         self._full_side: dict[int, torch.Tensor] = {}  # layer_idx -> [H] bool on the model's device
         self._estimates: dict[int, bool] = {}  # layer_idx -> whether the layer has a BLOCK_SPARSE head
-        self._blocks: dict[tuple[int, int, int], BlockSelection] = {}  # (layer_idx, B, Lk) -> random blocks
+        # (layer_idx, B, Lk) -> random blocks, kept across `apply` contexts (the benchmark enters one per forward)
+        self._blocks: dict[tuple[int, int, int], BlockSelection] = {}
 
     def setup(self, model: torch.nn.Module) -> None:
         from elastic_bench.attention import attention_modules
@@ -297,10 +269,6 @@ class SeededModes(Method):
             self._full_side[module.layer_idx] = self.full_side[row].to(device)
             modes = torch.where(self.full_side[row], int(full_mode), int(sparse_mode))
             self._estimates[module.layer_idx] = bool((modes == Mode.BLOCK_SPARSE).any())
-        self._blocks.clear()
-
-    def teardown(self, model: torch.nn.Module) -> None:
-        self._blocks.clear()
 
     def prefill_plan(self, call: AttentionCall) -> HeadPlan:
         full_side = self._full_side[call.layer_idx].expand(call.batch_size, -1)
@@ -391,17 +359,14 @@ def run_prefill_bench(cfg: PrefillBenchConfig) -> dict[str, Any]:
                          f"auto, {', '.join(available_backends(device))}")
     names = [*REFERENCES, *(m for m in dict.fromkeys(cfg.methods) if m not in REFERENCES)]
     model, _ = load_model(cfg.model, device=device)
-    bar = tqdm(total=len(cfg.lengths) * len(names), desc="bench prefill", disable=not cfg.progress, file=sys.stderr)
+    bar = tqdm(total=len(cfg.lengths) * len(names) * (cfg.repeats + 1), desc="bench prefill",
+               disable=not cfg.progress, file=sys.stderr)
     records: list[dict[str, Any]] = []
     with torch.inference_mode(), tempfile.TemporaryDirectory(prefix="elastic-bench-prefill-") as scratch:
         for length in cfg.lengths:
             gen = torch.Generator().manual_seed(cfg.seed)
             ids = torch.randint(int(model.config.vocab_size), (1, length), generator=gen).to(device)
-            found = []
-            for name in names:
-                bar.set_postfix_str(f"{length} {name}")
-                found.append(_bench_method(name, model, ids, cfg, device, scratch))
-                bar.update()
+            found = _bench_length(names, model, ids, cfg, device, scratch, bar)
             add_ratios(found)
             records += found
             del ids
@@ -411,74 +376,159 @@ def run_prefill_bench(cfg: PrefillBenchConfig) -> dict[str, Any]:
     return {"device": str(device), "config": asdict(cfg), "results": records}
 
 
-def _bench_method(name: str, model, ids: torch.Tensor, cfg: PrefillBenchConfig, device: torch.device,
-                  scratch: str) -> dict[str, Any]:
-    """The record of one method at one length; a failure is recorded as its error."""
-    import gc
+def _bench_length(names: list[str], model, ids: torch.Tensor, cfg: PrefillBenchConfig, device: torch.device,
+                  scratch: str, bar) -> list[dict[str, Any]]:
+    """Every method's record at one length: each method's warm-up forward, then ``cfg.repeats`` rounds of one timed
+    forward per method, so that a drift of the device (its clock and temperature over a long sweep) reaches every
+    method alike; a method that fails is recorded with its error and leaves the rounds."""
+    length = int(ids.shape[1])
+    entries: list[_Entry] = []
+    errors: dict[str, str] = {}
 
-    record: dict[str, Any] = {"length": int(ids.shape[1]), "method": name}
-    try:
-        record.update(_measure(name, model, ids, cfg, device, scratch))
-    except Exception as err:  # one failing method (e.g. out of memory) must not end the sweep; the table shows it
-        record["error"] = f"{type(err).__name__}: {err}"[:300]
-    if "error" in record and device.type == "cuda":  # after the except block: its traceback no longer holds tensors
-        gc.collect()
-        torch.cuda.empty_cache()
-    return record
+    def attempt(name: str, step: Callable[..., Any], *args: Any) -> Any:
+        """``step(*args)``, or None with the error recorded for ``name``."""
+        try:
+            return step(*args)
+        except Exception as err:  # one failing method (e.g. out of memory) must not end the sweep; the table shows it
+            errors[name] = f"{type(err).__name__}: {err}"[:300]
+        if device.type == "cuda":  # after the except block: its traceback no longer holds tensors
+            import gc
+
+            gc.collect()
+            torch.cuda.empty_cache()
+        return None
+
+    for name in names:
+        bar.set_postfix_str(f"{length} {name} warm-up")
+        entry = attempt(name, _Entry, name, model, ids, cfg, device, scratch)
+        if entry is not None:
+            attempt(name, entry.forward, None)
+            if name in errors:
+                entry.close()
+            else:
+                entries.append(entry)
+        bar.update(cfg.repeats + 1 if name in errors else 1)
+    for index in range(cfg.repeats):
+        for entry in list(entries):
+            bar.set_postfix_str(f"{length} {entry.name} {index + 1}/{cfg.repeats}")
+            attempt(entry.name, entry.forward, index)
+            if entry.name in errors:
+                entries.remove(entry)
+                entry.close()
+                bar.update(cfg.repeats - index - 1)
+            bar.update()
+    records = []
+    for name in names:
+        record: dict[str, Any] = {"length": length, "method": name}
+        entry = next((e for e in entries if e.name == name), None)
+        if name in errors:
+            record["error"] = errors[name]
+        elif entry is not None:
+            record.update(entry.record())
+            entry.close()
+        records.append(record)
+    return records
 
 
-def _measure(name: str, model, ids: torch.Tensor, cfg: PrefillBenchConfig, device: torch.device,
-             scratch: str) -> dict[str, Any]:
-    from elastic_bench.attention import apply
+class _Entry:
+    """One method at one length: its method, stopwatch and plan timer, made once; each forward runs inside the
+    method's context on its own (`forward`), so the benchmark can take the methods' timed forwards in rounds. The
+    statistics of the timed forwards are pooled over their contexts."""
 
-    stopwatch = Stopwatch(device)
+    def __init__(self, name: str, model, ids: torch.Tensor, cfg: PrefillBenchConfig, device: torch.device,
+                 scratch: str):
+        self.name, self.model, self.ids, self.cfg, self.device = name, model, ids, cfg, device
+        self.stopwatch = Stopwatch(device)
+        self.method: Method | None = None
+        self.timer: PlanTimer | None = None
+        if name not in ("floor", "sdpa"):
+            self.method = build_method(name, model, cfg, scratch)
+            if isinstance(self.method, SeededModes):
+                self.method.stopwatch = self.stopwatch
+            self.timer = PlanTimer(self.method, self.stopwatch)
+        self.per_sample: list[dict[str, float]] = []
+        self.backends: dict[str, int] = {}
+        self.stats: dict[str, Any] = {}
+        self.peak_gib = 0.0
 
-    def forward():
-        return model(input_ids=ids, logits_to_keep=1, use_cache=False)
+    @contextmanager
+    def _context(self) -> Iterator[Any]:
+        """The model running this method: a `MethodHandle`, or None for the floor and sdpa."""
+        if self.method is None:
+            if self.name == "floor":
+                from transformers import AttentionInterface
 
-    if name == "sdpa":
-        with attention_implementation(model, "sdpa"):
-            timing, _ = time_forwards(forward, stopwatch, cfg.repeats)
-        return {**timing, "omega_msr": 0.0, "omega_esr": 0.0}
-    if name == "floor":
-        from transformers import AttentionInterface
+                AttentionInterface.register(FLOOR_ATTENTION, _no_attention)
+            with attention_implementation(self.model, FLOOR_ATTENTION if self.name == "floor" else "sdpa"):
+                yield None
+            return
+        from elastic_bench.attention import apply
 
-        AttentionInterface.register(FLOOR_ATTENTION, _no_attention)
-        with attention_implementation(model, FLOOR_ATTENTION):
-            timing, _ = time_forwards(forward, stopwatch, cfg.repeats)
-        return {**timing, "omega_msr": 1.0, "omega_esr": 1.0}  # every pair skipped
+        with apply(self.method, self.model, backend=self.cfg.backend) as handle:
+            yield handle
 
-    method = build_method(name, model, cfg, scratch)
-    if isinstance(method, SeededModes):
-        method.stopwatch = stopwatch
-    timer = PlanTimer(method, stopwatch)
-    try:
-        with apply(method, model, backend=cfg.backend) as handle:
-            timing, spans = time_forwards(forward, stopwatch, cfg.repeats, after_warmup=handle.reset)
-            stats = handle.stats()
-    finally:
-        timer.remove()
-    routing = statistics.median(spans.get("plan", [0.0] * cfg.repeats))
-    record: dict[str, Any] = {
-        **timing,
-        "omega_msr": stats["omega_msr"],
-        "omega_esr": stats["omega_esr"],
-        "omega_esr_last_row": stats["omega_esr_last_row"],
-        "prefill_backends": stats["prefill_backends"],
-        "routing_seconds": routing,
-        "routing_fraction": routing / timing["median_s"],
-        "options": method.options(),
-        "method_stats": {k: v for k, v in stats.items() if k not in STAT_KEYS},
-    }
-    if "estimation" in spans:
-        record["estimation_seconds"] = statistics.median(spans["estimation"])
-    if timer.density is not None:
-        record["block_density"] = timer.density
-    if name == "elastic":
-        record["mode"] = method.routers.config.attention.mode
-    if name == "duo_attention" and cfg.pattern is None:  # not the temporary file's path, gone after the run
-        record["options"]["pattern"] = f"seeded uniform gates (seed {cfg.seed})"
-    return record
+    def forward(self, index: int | None) -> None:
+        """One forward of the prompt: untimed (``index`` None: the warm-up, which compiles the kernels) or timed forward
+        number ``index`` (CUDA events queued without synchronisation; perf_counter on the CPU)."""
+        cuda = self.stopwatch.cuda
+        with self._context() as handle:
+            if index is not None and cuda:
+                torch.cuda.reset_peak_memory_stats(self.device)
+            self.stopwatch.forward = index
+            try:
+                with self.stopwatch.span("forward"):
+                    out = self.model(input_ids=self.ids, logits_to_keep=1, use_cache=False)
+                del out
+            finally:
+                self.stopwatch.forward = None
+            if index is None:
+                if cuda:
+                    torch.cuda.synchronize(self.device)
+                return
+            if cuda:
+                self.peak_gib = max(self.peak_gib, torch.cuda.max_memory_allocated(self.device) / 2**30)
+            if handle is not None:
+                self.stats = handle.stats()
+                self.per_sample += self.stats["per_sample"]
+                for backend, calls in self.stats["prefill_backends"].items():
+                    self.backends[backend] = self.backends.get(backend, 0) + calls
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.remove()
+
+    def record(self) -> dict[str, Any]:
+        """The timings and statistics of the timed forwards."""
+        repeats = self.cfg.repeats
+        spans = self.stopwatch.totals(repeats)
+        times = spans["forward"]
+        record: dict[str, Any] = {"median_s": statistics.median(times), "mean_s": statistics.mean(times),
+                                  "times_s": times}
+        if self.stopwatch.cuda:
+            record["peak_gib"] = self.peak_gib
+        if self.method is None:  # floor: every pair skipped; sdpa: every pair computed
+            return {**record, "omega_msr": float(self.name == "floor"), "omega_esr": float(self.name == "floor")}
+        means = sample_means(self.per_sample)
+        routing = statistics.median(spans.get("plan", [0.0] * repeats))
+        record.update({
+            "omega_msr": means["omega_msr"],
+            "omega_esr": means["omega_esr"],
+            "omega_esr_last_row": means["omega_esr_last_row"],
+            "prefill_backends": self.backends,
+            "routing_seconds": routing,
+            "routing_fraction": routing / record["median_s"],
+            "options": self.method.options(),
+            "method_stats": {k: v for k, v in self.stats.items() if k not in STAT_KEYS},
+        })
+        if "estimation" in spans:
+            record["estimation_seconds"] = statistics.median(spans["estimation"])
+        if self.timer.density is not None:
+            record["block_density"] = self.timer.density
+        if self.name == "elastic":
+            record["mode"] = self.method.routers.config.attention.mode
+        if self.name == "duo_attention" and self.cfg.pattern is None:  # not the temporary file's path, gone after
+            record["options"]["pattern"] = f"seeded uniform gates (seed {self.cfg.seed})"
+        return record
 
 
 def ideal_speedup(t_full: float, t_floor: float, omega_esr: float) -> float:
