@@ -134,6 +134,8 @@ def test_reference_append_writes_rings_and_whole_rows():
     assert kv.window_start.tolist() == [0, 7 - 2]  # (p // 1 - 2) · 1 for the streaming row, 0 for the other
     with pytest.raises(ValueError, match="appends keys and values"):
         append_token(kv, torch.zeros(3, 2), torch.zeros(3, 2), newest, rule)
+    with pytest.raises(ValueError, match="ring_span >= 1"):
+        AppendRule(rule.ring, rule.streaming, 2, 0, 1, 2)
 
 
 def test_reference_is_masked_dense_attention():

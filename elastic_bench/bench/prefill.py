@@ -448,7 +448,7 @@ class _Entry:
             self.timer = PlanTimer(self.method, self.stopwatch)
         self.per_sample: list[dict[str, float]] = []
         self.backends: dict[str, int] = {}
-        self.stats: dict[str, Any] = {}
+        self.method_stats: dict[str, Any] = {}  # the method's own statistics, from its last timed forward
         self.peak_gib = 0.0
 
     @contextmanager
@@ -488,10 +488,11 @@ class _Entry:
             if cuda:
                 self.peak_gib = max(self.peak_gib, torch.cuda.max_memory_allocated(self.device) / 2**30)
             if handle is not None:
-                self.stats = handle.stats()
-                self.per_sample += self.stats["per_sample"]
-                for backend, calls in self.stats["prefill_backends"].items():
+                stats = handle.stats()
+                self.per_sample += stats["per_sample"]
+                for backend, calls in stats["prefill_backends"].items():
                     self.backends[backend] = self.backends.get(backend, 0) + calls
+                self.method_stats = {k: v for k, v in stats.items() if k not in STAT_KEYS}
 
     def close(self) -> None:
         if self.timer is not None:
@@ -518,7 +519,7 @@ class _Entry:
             "routing_seconds": routing,
             "routing_fraction": routing / record["median_s"],
             "options": self.method.options(),
-            "method_stats": {k: v for k, v in self.stats.items() if k not in STAT_KEYS},
+            "method_stats": self.method_stats,
         })
         if "estimation" in spans:
             record["estimation_seconds"] = statistics.median(spans["estimation"])

@@ -110,6 +110,11 @@ class AppendRule:
     quantum: int
     back: int
 
+    def __post_init__(self):
+        if self.ring_span < 1 or self.quantum < 1:
+            raise ValueError(f"an append rule needs ring_span >= 1 and quantum >= 1, got {self.ring_span} and "
+                             f"{self.quantum}")
+
 
 def append_token(kv: PackedKV, key: torch.Tensor, value: torch.Tensor, newest: torch.Tensor, rule: AppendRule,
                  backend: str = "auto") -> None:

@@ -70,13 +70,13 @@ def triton_decode_attention(q: torch.Tensor, kv, scale: float) -> torch.Tensor:
     return out
 
 
-def triton_append_token(kv, key: torch.Tensor, value: torch.Tensor, newest: torch.Tensor, rows) -> None:
-    """`append_token` in one launch of one program per row."""
+def triton_append_token(kv, key: torch.Tensor, value: torch.Tensor, newest: torch.Tensor, rule) -> None:
+    """`append_token` by `AppendRule` ``rule`` in one launch of one program per row."""
     from ._kernels import append_token
 
     R, D = key.shape
     append_token[(R,)](
-        key.contiguous(), value.contiguous(), kv.keys, kv.values, kv.positions, kv.offsets, newest, rows.ring,
-        rows.streaming, kv.window_start, rows.ring_sink, max(rows.ring_span, 1), rows.quantum, rows.back,
+        key.contiguous(), value.contiguous(), kv.keys, kv.values, kv.positions, kv.offsets, newest, rule.ring,
+        rule.streaming, kv.window_start, rule.ring_sink, rule.ring_span, rule.quantum, rule.back,
         D=D, D_PAD=1 << max(D - 1, 0).bit_length(), num_warps=1,
     )

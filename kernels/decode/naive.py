@@ -24,14 +24,15 @@ def naive_decode_attention(q: torch.Tensor, kv, scale: float) -> torch.Tensor:
     return torch.einsum("rgs,rsd->rgd", weights, values).to(q.dtype).reshape(R, -1, q.shape[-1])
 
 
-def naive_append_token(kv, key: torch.Tensor, value: torch.Tensor, newest: torch.Tensor, rows) -> None:
-    """Write one new token per row into `PackedKV` ``kv`` (see `append_token`); torch operations on any device."""
+def naive_append_token(kv, key: torch.Tensor, value: torch.Tensor, newest: torch.Tensor, rule) -> None:
+    """Write one new token per row into `PackedKV` ``kv`` by `AppendRule` ``rule`` (see `append_token`); torch
+    operations on any device."""
     newest.add_(1)
     pos = newest
-    wrap = rows.ring & (pos >= rows.ring_sink)
-    slot = kv.offsets + torch.where(wrap, rows.ring_sink + (pos - rows.ring_sink) % max(rows.ring_span, 1), pos)
+    wrap = rule.ring & (pos >= rule.ring_sink)
+    slot = kv.offsets + torch.where(wrap, rule.ring_sink + (pos - rule.ring_sink) % rule.ring_span, pos)
     kv.keys.index_copy_(0, slot, key)
     kv.values.index_copy_(0, slot, value)
     kv.positions.index_copy_(0, slot, pos)
-    window = (pos.div(rows.quantum, rounding_mode="floor") - rows.back) * rows.quantum
-    kv.window_start.copy_(torch.where(rows.streaming, window, 0))
+    window = (pos.div(rule.quantum, rounding_mode="floor") - rule.back) * rule.quantum
+    kv.window_start.copy_(torch.where(rule.streaming, window, 0))
