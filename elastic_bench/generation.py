@@ -3,11 +3,13 @@ warm-up prefill that compiles a method's kernels before the first timed one."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
 import torch
 
+from elastic_bench.fusion import fused_ops
 from elastic_bench.kv_cache import PackedCache, cache_keyword, returned_cache
 
 
@@ -76,7 +78,8 @@ class DecodeGraph:
     The step's inputs (token and position) live in static tensors; the cache's writes use device-side positions
     (`PackedLayer.newest`), so a replay repeats the step one position further. Capturing runs the step's Python once:
     the cache counts that step then, and `step` counts every later one on the host. The cache must have room for every
-    step (`PackedCache.reserve`). Warm up with eager steps first (they compile the kernels).
+    step (`PackedCache.reserve`). Warm up with eager steps first (they compile the kernels), inside
+    `elastic_bench.fusion.fused_ops` when the step should run the model's small operations fused.
     """
 
     def __init__(self, model, cache, position: int):
@@ -110,8 +113,9 @@ def greedy_generate(
     The prompt is prefilled in one forward (``logits_to_keep=1``), timed with CUDA events on the GPU (`_PrefillTimer`);
     decode steps reuse the KV cache the prefill returned (inside `elastic_bench.apply`, its packed cache). Generation
     stops at a token of ``stop_ids`` (not returned) once ``min_new_tokens`` tokens exist; before that, stop tokens are
-    masked out. ``decode_graphs`` (CUDA, batch 1, a packed cache): after two eager decode steps, the others replay
-    one CUDA graph of the step (`DecodeGraph`).
+    masked out. ``decode_graphs`` (CUDA, batch 1, a packed cache): the decode steps run the model's small operations
+    compiled (`elastic_bench.fusion.fused_ops`), and after two eager decode steps the others replay one CUDA graph of
+    the step (`DecodeGraph`).
     """
     from transformers import DynamicCache
 
@@ -126,22 +130,23 @@ def greedy_generate(
     tokens: list[int] = []
     steps = 0
     graph = None
-    for step in range(max_new_tokens):
-        if step < min_new_tokens and stop.numel():
-            logits[:, stop] = float("-inf")
-        token = logits.argmax(-1)
-        if int(token) in stop_ids:
-            break
-        tokens.append(int(token))
-        if step + 1 < max_new_tokens:
-            if graph is not None:
-                logits = graph.step(token)
-            elif decode_graphs and steps == 2 and isinstance(cache, PackedCache):
-                cache.reserve(max_new_tokens - step)
-                graph = DecodeGraph(model, cache, len(input_ids) + step)
-                logits = graph.step(token)
-            else:
-                logits, cache = _forward(model, token[:, None], cache)
-            steps += 1
+    with fused_ops(model) if decode_graphs else contextlib.nullcontext():
+        for step in range(max_new_tokens):
+            if step < min_new_tokens and stop.numel():
+                logits[:, stop] = float("-inf")
+            token = logits.argmax(-1)
+            if int(token) in stop_ids:
+                break
+            tokens.append(int(token))
+            if step + 1 < max_new_tokens:
+                if graph is not None:
+                    logits = graph.step(token)
+                elif decode_graphs and steps == 2 and isinstance(cache, PackedCache):
+                    cache.reserve(max_new_tokens - step)
+                    graph = DecodeGraph(model, cache, len(input_ids) + step)
+                    logits = graph.step(token)
+                else:
+                    logits, cache = _forward(model, token[:, None], cache)
+                steps += 1
     _sync(device)
     return Generation(tokens, timer.seconds, time.perf_counter() - prefilled, steps)

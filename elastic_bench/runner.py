@@ -58,7 +58,8 @@ class RunConfig:
         kv_cache: what generation decodes with: ``evicting`` (a packed cache; heads a method decodes as streaming keep
             sink + window only), ``full`` (a packed cache keeping every token, as upstream) or ``dynamic``
             (transformers' DynamicCache attended by the prefill kernels).
-        decode_graphs: replay decode steps as one CUDA graph (CUDA and a packed cache; after two eager steps).
+        decode_graphs: decode with the model's small operations compiled, the steps after two eager ones replayed as one
+            CUDA graph (CUDA and a packed cache).
         device: cuda, cpu, cuda:1, ... (none: cuda when available).
         dtype: model weights dtype (none: bfloat16 on CUDA, float32 on the CPU).
         progress: show progress bars.

@@ -56,7 +56,8 @@ class DecodeBenchConfig:
         backend: attention kernel backend passed to apply.
         warmup: untimed decode steps before the timed ones.
         steps: timed decode steps.
-        decode_graphs: also time the packed caches with the decode step replayed as one CUDA graph (CUDA only).
+        decode_graphs: also time the packed caches with the decode step's small operations compiled and the step
+            replayed as one CUDA graph (CUDA only).
         bandwidth: device memory bandwidth in GB/s for the bound (none: nominal for known GPUs, else measured).
         max_memory: GiB budget of the fit test at the largest length (none: no fit test; CUDA only).
         generate: tokens generated in the fit test.
@@ -150,9 +151,12 @@ def bandwidth_gbs(device: torch.device, given: float | None) -> tuple[float, str
 def time_decode(model, cache, tokens: torch.Tensor, warmup: int, device: torch.device,
                 graphs: bool = False) -> tuple[list[float], Any]:
     """Seconds of each of the timed decode steps (``tokens[warmup:]``) after the untimed ones; and the cache. With
-    ``graphs``, the timed steps replay one CUDA graph of the step, captured after the untimed ones (`DecodeGraph`)."""
+    ``graphs``, every step runs the model's small operations compiled (`elastic_bench.fusion.fused_ops`) and the
+    timed steps replay one CUDA graph of the step, captured after the untimed ones (`DecodeGraph`)."""
+    import contextlib
     import time
 
+    from elastic_bench.fusion import fused_ops
     from elastic_bench.generation import DecodeGraph
     from elastic_bench.kv_cache import cache_keyword, returned_cache
 
@@ -160,20 +164,21 @@ def time_decode(model, cache, tokens: torch.Tensor, warmup: int, device: torch.d
     cuda = device.type == "cuda"
     marks = []
     graph = None
-    for i in range(tokens.shape[1]):
-        if graphs and i == warmup:
-            cache.reserve(tokens.shape[1] - i)
-            graph = DecodeGraph(model, cache, cache.get_seq_length())
-        if i >= warmup:
-            marks.append(torch.cuda.Event(enable_timing=True) if cuda else None)
-            if cuda:
-                marks[-1].record()
+    with fused_ops(model) if graphs else contextlib.nullcontext():
+        for i in range(tokens.shape[1]):
+            if graphs and i == warmup:
+                cache.reserve(tokens.shape[1] - i)
+                graph = DecodeGraph(model, cache, cache.get_seq_length())
+            if i >= warmup:
+                marks.append(torch.cuda.Event(enable_timing=True) if cuda else None)
+                if cuda:
+                    marks[-1].record()
+                else:
+                    marks[-1] = time.perf_counter()
+            if graph is not None:
+                graph.step(tokens[:, i])
             else:
-                marks[-1] = time.perf_counter()
-        if graph is not None:
-            graph.step(tokens[:, i])
-        else:
-            cache = returned_cache(model(input_ids=tokens[:, i : i + 1], use_cache=True, **{name: cache}))
+                cache = returned_cache(model(input_ids=tokens[:, i : i + 1], use_cache=True, **{name: cache}))
     if cuda:
         end = torch.cuda.Event(enable_timing=True)
         end.record()

@@ -38,7 +38,8 @@ LAYERS: list[tuple[str, bool, list[str]]] = [  # (layer, separate, entries)
     ("core", False, [
         "elastic_bench.interface", "elastic_bench.kv_cache", "elastic_bench.attention", "elastic_bench.baselines",
         "elastic_bench.models",
-        "elastic_bench.generation", "elastic_bench.distributed", "elastic_bench.training", "elastic_bench.records",
+        "elastic_bench.generation", "elastic_bench.fusion", "elastic_bench.distributed", "elastic_bench.training",
+        "elastic_bench.records",
         "elastic_bench.results",
         "elastic_bench.provenance",
     ]),
