@@ -29,12 +29,12 @@ def fusable_modules(model: nn.Module) -> list[nn.Module]:
     """The largest submodules of ``model`` that hold no attention module and have parameters or buffers, except bare
     linear and embedding layers: on Llama each layer's two norms and MLP, the final norm and the rotary embedding; on
     Qwen3 also the query and key norms inside attention."""
-    attention = attention_modules(model)
-    holders = {id(model)}
+    attention = {id(m) for m in attention_modules(model)}
+    holders = {id(model)}  # the modules on the way from the model to an attention module, and those modules
     for name, module in model.named_modules():
-        if any(module is a for a in attention):
+        if id(module) in attention:
             parts = name.split(".")
-            holders |= {id(model.get_submodule(".".join(parts[:i]))) for i in range(1, len(parts) + 1)}
+            holders.update(id(model.get_submodule(".".join(parts[:i]))) for i in range(1, len(parts) + 1))
     found = []
 
     def visit(module: nn.Module) -> None:
