@@ -61,14 +61,17 @@ def _forward(model, ids: torch.Tensor, cache, **kwargs):
 
 
 @torch.inference_mode()
-def warm_up(model, input_ids: list[int]) -> None:
+def warm_up(model, input_ids: list[int], decode_graphs: bool = False) -> None:
     """One untimed prefill of ``input_ids`` and one decode step, exactly as `greedy_generate` runs them: the first
-    call of a compiled kernel (Triton, FlexAttention) pays for compilation, which no timed step then includes."""
+    call of a compiled kernel (Triton, FlexAttention) pays for compilation, which no timed step then includes. With
+    ``decode_graphs`` the decode step runs the model's small operations compiled (`fused_ops`), as those of
+    `greedy_generate` then do, so their compilation is paid here too."""
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
     logits, cache = _forward(model, torch.tensor([input_ids], device=device), DynamicCache(), logits_to_keep=1)
-    _forward(model, logits.argmax(-1)[:, None], cache)
+    with fused_ops(model) if decode_graphs else contextlib.nullcontext():
+        _forward(model, logits.argmax(-1)[:, None], cache)
     _sync(device)
 
 

@@ -279,7 +279,7 @@ def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunCo
     try:
         if mine:  # compile the method's kernels at this length before the first timed prefill
             with apply(method, model, backend=config.backend, kv_cache=config.kv_cache):
-                generation.warm_up(model, mine[0].input_ids)
+                generation.warm_up(model, mine[0].input_ids, config.decode_graphs)
         with apply(method, model, backend=config.backend, kv_cache=config.kv_cache) as handle:
             shown = config.progress and ranks.is_main
             for sample in tqdm(mine, desc=desc, disable=not shown, leave=False, file=sys.stderr):

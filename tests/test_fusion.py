@@ -10,7 +10,7 @@ import torch
 from torch._dynamo.utils import counters
 from transformers import DynamicCache
 
-from elastic_bench import apply, get_method
+from elastic_bench import apply, generation, get_method
 from elastic_bench.fusion import fusable_modules, fused_ops
 from elastic_bench.kv_cache import cache_keyword, returned_cache
 
@@ -66,3 +66,21 @@ def test_fused_ops_restore_the_forwards_after_an_error(tiny_models):
             assert norm in modules and "forward" in norm.__dict__
             raise RuntimeError("inside")
     assert "forward" not in norm.__dict__
+
+
+def test_warm_up_compiles_the_decode_steps_fused_ops_only_with_decode_graphs(tiny_models, monkeypatch):
+    """A run's warm-up runs its decode step inside `fused_ops` when the run decodes with graphs, so the first timed
+    sample does not pay for compiling them."""
+    model, _ = tiny_models["llama"]
+    entered = []
+
+    @contextlib.contextmanager
+    def recording(m):
+        entered.append(m)
+        yield []
+
+    monkeypatch.setattr(generation, "fused_ops", recording)
+    generation.warm_up(model, list(range(3, 15)))
+    assert entered == []
+    generation.warm_up(model, list(range(3, 15)), decode_graphs=True)
+    assert entered == [model]
