@@ -15,8 +15,8 @@ Design decisions:
 - A decode step writes the new token into each row's slot (`elastic_bench.kernels.decode.append_token`, one call
   per layer, positions advanced on the device: no concatenation, no host synchronisation) and returns the new token's
   states; the attention glue reads the packed layer instead (`elastic_bench.kernels.decode.decode_attention`, one
-  call per layer). When the kept rows' room is
-  used up, the layer is reallocated with ``GROW`` more slots per kept row.
+  call per layer). When the kept rows' room is used up, the layer is reallocated with ``GROW`` more slots per kept
+  row.
 - Decode plans with BLOCK_SPARSE heads or a chunked geometry are refused when packing (no method decodes so).
 """
 

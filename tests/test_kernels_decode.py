@@ -70,9 +70,8 @@ def _run_append_case(name: str, device: str = "cpu") -> dict:
     offsets = torch.tensor([0, *caps[:-1]]).cumsum(0)
     n = sum(caps)
     streaming = torch.tensor([bool(ring[r]) or r % 3 == 1 for r in range(R)])
-    rule = AppendRule(torch.tensor(ring, dtype=torch.bool), streaming, sink, span, quantum, back)
-
-    rule = AppendRule(rule.ring.to(device), rule.streaming.to(device), sink, span, quantum, back)
+    rule = AppendRule(torch.tensor(ring, dtype=torch.bool, device=device), streaming.to(device), sink, span, quantum,
+                      back)
 
     def fresh():
         kv = PackedKV(torch.zeros(n, D, dtype=getattr(torch, dtype)), torch.zeros(n, D, dtype=getattr(torch, dtype)),

@@ -27,7 +27,7 @@ import triton.language as tl
 @triton.jit
 def _attend(
     acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, b, h, lo, hi, lo2, hi2, lo3, hi3,
-    shift, shift2, shift3, block_ids, sub_blocks, block_size, pos, win_start, sink_end, Lk, qk_scale,
+    shift, shift2, block_ids, sub_blocks, block_size, pos, win_start, sink_end, Lk, qk_scale,
     D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, GATHER: tl.constexpr, MASK: tl.constexpr,
     PRECISION: tl.constexpr, USE_TMA: tl.constexpr, STAGES: tl.constexpr = None,
 ):
@@ -35,8 +35,8 @@ def _attend(
     each), in one loop: one software pipeline, not one per range.
 
     ``GATHER``: block ``j`` is sub-block ``j % sub_blocks`` of plan block ``block_ids[j // sub_blocks]``; otherwise it
-    starts at key ``j * BLOCK_N`` plus its range's ``shift`` (``shift2``, ``shift3``). ``MASK``: apply causality,
-    the sink and the per-row window start ``win_start``.
+    starts at key ``j * BLOCK_N`` plus its range's ``shift`` (``shift2``; the third range has none). ``MASK``: apply
+    causality, the sink and the per-row window start ``win_start``.
     ``USE_TMA``: K/V tiles come through tensor descriptors over ``[B, H, Lk, D]`` (zero-filled past ``Lk``).
     ``STAGES``: the loop's software-pipelining depth (None: the launch's ``num_stages``).
     """
@@ -51,7 +51,7 @@ def _attend(
             blk = tl.load(block_ids + j // sub_blocks)
             start = blk * block_size + (j % sub_blocks) * BLOCK_N
         else:
-            start = j * BLOCK_N + tl.where(i < n1, shift, tl.where(i < n12, shift2, shift3))
+            start = j * BLOCK_N + tl.where(i < n1, shift, tl.where(i < n12, shift2, 0))
         kpos = start + offs_n
         k_ptrs = k_base + start.to(tl.int64) * stride_kn + offs_n[None, :] * stride_kn + offs_d[:, None]
         v_ptrs = v_base + start.to(tl.int64) * stride_vn + offs_n[:, None] * stride_vn + offs_d[None, :]
@@ -203,23 +203,23 @@ def hybrid_fwd(
     ids_ptr = Indices + row_start
     if sparse:  # block-list loop only (a block-sparse tile has no sink or window range)
         acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, K_desc, V_desc, b, h,
-                                0, n_below * sub_blocks, 0, 0, 0, 0, 0, 0, 0, ids_ptr, sub_blocks, block_size, pos,
+                                0, n_below * sub_blocks, 0, 0, 0, 0, 0, 0, ids_ptr, sub_blocks, block_size, pos,
                                 win_start, sink_end, Lk, qk_scale, D, D_PAD, BLOCK_N, True, False, PRECISION, USE_TMA,
                                 GATHER_STAGES)
     else:
         acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, K_desc, V_desc, b, h,
-                                0, sink_full, win_lo, win_hi, 0, 0, 0, win_shift, 0, ids_ptr, sub_blocks, block_size,
+                                0, sink_full, win_lo, win_hi, 0, 0, 0, win_shift, ids_ptr, sub_blocks, block_size,
                                 pos, win_start, sink_end, Lk, qk_scale, D, D_PAD, BLOCK_N, False, False, PRECISION,
                                 USE_TMA)
     # The masked blocks in one loop: the partial sink block and the window's ragged start (empty for FULL and
     # BLOCK_SPARSE tiles), then the diagonal; for an anchored tile, its diagonal blocks and then its small blocks.
     acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, K_desc, V_desc, b, h,
-                            sink_full, sink_hi, mask_lo, mask_hi, diag_lo, diag_hi, 0, win_shift, 0, ids_ptr,
+                            sink_full, sink_hi, mask_lo, mask_hi, diag_lo, diag_hi, 0, win_shift, ids_ptr,
                             sub_blocks, block_size, pos, win_start, sink_end, Lk, qk_scale, D, D_PAD, BLOCK_N, False,
                             True, PRECISION, USE_TMA)
     if SMALL_N < BLOCK_N:
         acc, m_i, l_i = _attend(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, K_desc, V_desc, b, h,
-                                0, tl.where(anchor, n_small, 0), 0, 0, 0, 0, small_lo, 0, 0, ids_ptr, sub_blocks,
+                                0, tl.where(anchor, n_small, 0), 0, 0, 0, 0, small_lo, 0, ids_ptr, sub_blocks,
                                 block_size, pos, win_start, sink_end, Lk, qk_scale, D, D_PAD, SMALL_N, False, True,
                                 PRECISION, False)
 
