@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install test demo lint clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# Without CUDA, take the CPU build of PyTorch (a looser pin would pull a multi-GB CUDA build).

@@ -3,25 +3,25 @@
 Public API (imported lazily so that ``elastic_bench.reports`` and the CLI's help need no torch): ``load_model``,
 ``apply``, ``get_method``, ``method_names``, ``register_method``, ``Method``, ``AttentionCall``, and the subpackages
 ``kernels``, ``method``, ``tasks``, ``reports``. Importing it also registers the model ``elastic`` with lm-eval's Python
-API, without importing lm-eval (`elastic_bench.lm_eval_registration`).
+API, without importing lm-eval (`elastic_bench.evaluation.lm_eval_registration`).
 """
 
 from __future__ import annotations
 
 import importlib
 
-from elastic_bench.lm_eval_registration import register_when_lm_eval_loads
+from elastic_bench.evaluation.lm_eval_registration import register_when_lm_eval_loads
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "load_model": "elastic_bench.models",
-    "apply": "elastic_bench.attention",
-    "get_method": "elastic_bench.interface",
-    "method_names": "elastic_bench.interface",
-    "register_method": "elastic_bench.interface",
-    "Method": "elastic_bench.interface",
-    "AttentionCall": "elastic_bench.interface",
+    "load_model": "elastic_bench.modeling.loading",
+    "apply": "elastic_bench.modeling.attention",
+    "get_method": "elastic_bench.modeling.interface",
+    "method_names": "elastic_bench.modeling.interface",
+    "register_method": "elastic_bench.modeling.interface",
+    "Method": "elastic_bench.modeling.interface",
+    "AttentionCall": "elastic_bench.modeling.interface",
 }
 
 

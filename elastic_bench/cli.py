@@ -1,6 +1,7 @@
 """The ``elastic-bench`` command line: every command, in this one module.
 
-Each command's options come from its config dataclass (`elastic_bench.options`: name, type and default from the
+Each command's options come from its config dataclass (`elastic_bench.foundation.options`: name, type and default from
+the
 field, help from the class docstring); the handlers import the pillars' entry points, heavy imports happen inside them
 so that ``--help`` is instant. Errors a user can cause (unknown names, bad values, missing files) end with one line on
 stderr and exit status 2, never a traceback; any other exception is a bug, reported in one line with exit status 1.
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from elastic_bench.options import add_options, command_line, field_help, from_args
+from elastic_bench.foundation.options import add_options, command_line, field_help, from_args
 
 
 def _csv(value: str) -> list[str]:
@@ -75,9 +76,10 @@ def _file_output(path: str | Path, flag: str = "--output") -> None:
 
 
 def _check_device(device: str | None) -> None:
-    """Refuse a ``--device`` this machine does not have (`elastic_bench.models.check_device`), before a model loads."""
+    """Refuse a ``--device`` this machine does not have (`elastic_bench.modeling.loading.check_device`), before a model
+    loads."""
     if device is not None:
-        from elastic_bench.models import check_device
+        from elastic_bench.modeling.loading import check_device
 
         check_device(device)
 
@@ -295,7 +297,7 @@ ROUTER_FLAGS = {"targets": "--target", "local": "--local-window"}  # train-route
 
 
 def _run(args) -> int:
-    from elastic_bench.runner import RunConfig, format_rows, run
+    from elastic_bench.evaluation.runner import RunConfig, format_rows, run
 
     config = from_args(RunConfig, args, method_options=_merged_method_options(args))
     _check_device(config.device)
@@ -316,7 +318,7 @@ def _merged_method_options(args) -> dict[str, dict[str, Any]]:
 def _list_methods(args) -> int:
     import dataclasses
 
-    from elastic_bench.interface import REGISTRY, method_names
+    from elastic_bench.modeling.interface import REGISTRY, method_names
 
     for name in method_names():
         cls = REGISTRY.get(name)
@@ -339,10 +341,10 @@ def _list_tasks(args) -> int:
 
 
 def _demo(args) -> int:
-    from elastic_bench.interface import method_names
-    from elastic_bench.models import TESTBED_DIR
+    from elastic_bench.evaluation.runner import RunConfig, format_rows, run
+    from elastic_bench.modeling.interface import method_names
+    from elastic_bench.modeling.loading import TESTBED_DIR
     from elastic_bench.reports import load_cells, summarize, write_report
-    from elastic_bench.runner import RunConfig, format_rows, run
 
     demo = from_args(DemoConfig, args)
     # The testbed ships its retrieval-head gates (duo_attention / prulong find them) and its router (elastic).
@@ -391,8 +393,8 @@ def _compare(args) -> int:
 def _bench(args, config_class: type, run_bench: Callable, format_table: Callable) -> int:
     """Run a benchmark configured by ``config_class``'s options; print its table and write its JSON (provenance and
     command added)."""
-    from elastic_bench.files import write_json
-    from elastic_bench.provenance import provenance
+    from elastic_bench.foundation.files import write_json
+    from elastic_bench.results.provenance import provenance
 
     config = from_args(config_class, args)
     _check_device(config.device)
@@ -448,7 +450,7 @@ def _train_gates(args) -> int:
 
     import numpy as np
 
-    from elastic_bench.models import max_positions
+    from elastic_bench.modeling.loading import max_positions
 
     module = "duo" if args.command == "train-duo" else "prulong"
     trainer = importlib.import_module(f"elastic_bench.baselines.training.{module}")
@@ -505,7 +507,7 @@ def _testbed_data(args) -> int:
 
 def _testbed_eval(args) -> int:
     from elastic_bench.kernels import StreamingGeometry
-    from elastic_bench.models import load_model
+    from elastic_bench.modeling.loading import load_model
     from elastic_bench.testbed.training.evaluate import exact_match, family_means
     from elastic_bench.testbed.vocab import build
 
@@ -521,7 +523,7 @@ def _testbed_eval(args) -> int:
             cells = "  ".join(f"{length}: {pct:6.2f}" for length, pct in per_length.items())
             print(f"{label:9s} {task:24s} {cells}")
     if config.output:
-        from elastic_bench.files import write_json
+        from elastic_bench.foundation.files import write_json
 
         write_json(config.output, {"model": config.model, "samples": config.samples, "sink": config.sink,
                                    "local": config.local, **results})
@@ -539,7 +541,7 @@ def _testbed_tasks(names: list[str]) -> tuple[str, ...]:
 
 
 def _testbed_heads(args) -> int:
-    from elastic_bench.models import load_model
+    from elastic_bench.modeling.loading import load_model
     from elastic_bench.testbed.training.heads import ablation_gates, write_gates
     from elastic_bench.testbed.vocab import build
 
@@ -556,7 +558,7 @@ def _testbed_heads(args) -> int:
 def _testbed_probe(args) -> int:
     import numpy as np
 
-    from elastic_bench.models import load_model
+    from elastic_bench.modeling.loading import load_model
     from elastic_bench.testbed.training.heads import best_head, key_matching
     from elastic_bench.testbed.vocab import build
 
@@ -573,7 +575,7 @@ def _testbed_probe(args) -> int:
 
 def _lm_eval(args) -> int:
     try:
-        from elastic_bench.lm_eval_bridge import cli
+        from elastic_bench.evaluation.lm_eval_bridge import cli
     except ImportError as err:
         raise ValueError(f"lm-eval is not installed ({err}); pip install 'elastic-bench[lm-eval]'") from None
     return cli(args.passthrough_args)
@@ -589,7 +591,7 @@ def _command(args) -> str:
 # Each command's config classes, in the order their options are added: classes of this module, or "module:Class"
 # for those of the pillars (imported only for the command being parsed: they import torch).
 CONFIGS: dict[str, tuple[type | str, ...]] = {
-    "run": ("elastic_bench.runner:RunConfig",),
+    "run": ("elastic_bench.evaluation.runner:RunConfig",),
     "demo": (DemoConfig,),
     "report": (ReportConfig,),
     "compare": (CompareConfig,),
@@ -788,7 +790,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     elif getattr(args, "config", None):  # the file's values become the defaults the flags override
-        from elastic_bench.runner import RunConfig
+        from elastic_bench.evaluation.runner import RunConfig
 
         values = RunConfig.from_yaml(args.config)
         commands["run"].set_defaults(**values)

@@ -1,8 +1,9 @@
 """Elastic Attention itself: the Attention Router, its relaxation, the Lagrangian objective, training data, the
 trainer and router checkpoints (https://arxiv.org/abs/2601.17367; official code ``LCM-Lab/Elastic-Attention``).
 
-The registered ``elastic`` method (`elastic_bench.method.elastic`, the adapter to `elastic_bench.interface.Method`)
-applies trained routers at inference; `trainer` trains them on `elastic_bench.training`'s engine.
+The registered ``elastic`` method (`elastic_bench.method.elastic`, the adapter to
+`elastic_bench.modeling.interface.Method`)
+applies trained routers at inference; `trainer` trains them on `elastic_bench.training.engine`'s engine.
 
 Public API (imported lazily, so the CLI's help needs no torch): `AttentionRouter`, `RouterBank`, `RouterConfig`,
 `ModeConfig`, `load_routers`, `save_routers`, `TrainConfig`, `TrainResult`, `train`, `synthetic_records`.

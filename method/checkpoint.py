@@ -9,7 +9,7 @@ Design decisions:
   and its config keys are mapped: ``retrieval_mode``/``toggle_type`` → mode, ``sink_size``, ``local_window_size``
   (code default 1024 when absent), ``block_size``, ``use_softmax`` → number of logits. Its eval code used an
   XAttention threshold of 0.8 (not stored in the config); elastic-bench uses 0.9 unless ``xa_threshold`` is given.
-- Writes are atomic (`elastic_bench.files.atomic_path`).
+- Writes are atomic (`elastic_bench.foundation.files.atomic_path`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from elastic_bench.options import check_fields
+from elastic_bench.foundation.options import check_fields
 
 from .modes import ModeConfig
 from .router import AttentionRouter
@@ -126,7 +126,7 @@ def save_routers(bank: RouterBank, directory: str | Path) -> Path:
     it."""
     from safetensors.torch import save_file
 
-    from elastic_bench.files import atomic_path, write_text
+    from elastic_bench.foundation.files import atomic_path, write_text
 
     directory = Path(directory)
     with atomic_path(directory / WEIGHTS_FILE) as tmp:

@@ -1,10 +1,11 @@
-"""Router training data: records (`elastic_bench.records`: the plain and the official formats) → examples with a
-target per category (tokenised and packed by `elastic_bench.training`); and a synthetic generator for quick runs.
+"""Router training data: records (`elastic_bench.training.records`: the plain and the official formats) → examples with
+a
+target per category (tokenised and packed by `elastic_bench.training.engine`); and a synthetic generator for quick runs.
 
 Design decisions:
 - Every category must have a target: unknown categories are rejected, never mapped to a default.
 - Tokenisation (chat template, middle truncation), packing and the LM-loss targets are generic and live in
-  `elastic_bench.training` (`tokenize`, `pack`).
+  `elastic_bench.training.engine` (`tokenize`, `pack`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import random
 from collections.abc import Iterable
 from pathlib import Path
 
-from elastic_bench.records import CODE_PREFIX, SUMMARY_PREFIX, Example, read_records, to_example
+from elastic_bench.training.records import CODE_PREFIX, SUMMARY_PREFIX, Example, read_records, to_example
 
 __all__ = ["CODE_PREFIX", "DEFAULT_TARGETS", "SUMMARY_PREFIX", "Example", "check_categories", "load_examples",
            "read_records", "synthetic_records", "to_example"]

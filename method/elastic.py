@@ -34,8 +34,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from elastic_bench.interface import AttentionCall, Method, register_method
 from elastic_bench.kernels import HeadPlan, Mode, hybrid_attention
+from elastic_bench.modeling.interface import AttentionCall, Method, register_method
 
 from .modes import OFFICIAL_XA_THRESHOLD, PAPER_XA_THRESHOLD
 
@@ -259,8 +259,8 @@ class Elastic(Method):
         both branches for every head.
 
         With a compiled backend (``flex``, which compiles once per sequence length) the training branches run on
-        zero-padded tensors of `elastic_bench.training.compile_length`."""
-        from elastic_bench.training import compile_length
+        zero-padded tensors of `elastic_bench.training.engine.compile_length`."""
+        from elastic_bench.training.engine import compile_length
 
         route = call.training_route
         if route is None:
@@ -288,7 +288,7 @@ class Elastic(Method):
 
 def model_layout(model: nn.Module) -> tuple[int, int, int]:
     """(layers, KV heads, head_dim) of a transformers causal LM."""
-    from elastic_bench.attention import attention_modules
+    from elastic_bench.modeling.attention import attention_modules
 
     modules = attention_modules(model)
     return len(modules), int(modules[0].config.num_key_value_heads), int(modules[0].head_dim)

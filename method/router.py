@@ -5,7 +5,8 @@ https://arxiv.org/abs/2601.17367, §3.1 and App. D.1; official code ``LCM-Lab/El
 
 Design decisions:
 - Input: the layer's own key states before RoPE, one ``D``-vector per token and KV head (captured by a hook; see
-  `elastic_bench.attention`). Pooling is the mean of the first and the last ``pool_tokens`` (100) keys, computed as
+  `elastic_bench.modeling.attention`). Pooling is the mean of the first and the last ``pool_tokens`` (100) keys,
+  computed as
   ``mean(concat(k[:100], k[-100:]))`` so that for prompts shorter than 200 tokens the overlapping keys count twice,
   exactly as the official inference code. The same pooling is used in training and inference; ``pooling="mean"``
   pools the whole prompt instead.

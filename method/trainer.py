@@ -1,7 +1,8 @@
 """Router training: frozen backbone, trainable routers and Lagrange multipliers; one process or ``torchrun`` + FSDP2.
 
 Paper: https://arxiv.org/abs/2601.17367 §3.2-3.3, Eq. 8, App. D.1 (hyper-parameters). The loop, the resumable
-training state, the log and the packed-row data path are the training engine's (`elastic_bench.training`); this module
+training state, the log and the packed-row data path are the training engine's (`elastic_bench.training.engine`); this
+module
 is the router objective on top of it.
 
 Design decisions:
@@ -39,9 +40,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from elastic_bench.distributed import Ranks
-from elastic_bench.files import exclusive
-from elastic_bench.training import (
+from elastic_bench.foundation.files import exclusive
+from elastic_bench.training.distributed import Ranks
+from elastic_bench.training.engine import (
     LossModel,
     Objective,
     PackedRow,
@@ -56,8 +57,8 @@ from elastic_bench.training import (
     shard,
     training_backend,
 )
-from elastic_bench.training import all_reduce_sum as _all_reduce_sum
-from elastic_bench.training import tokenize as tokenize_examples
+from elastic_bench.training.engine import all_reduce_sum as _all_reduce_sum
+from elastic_bench.training.engine import tokenize as tokenize_examples
 
 from .checkpoint import RouterBank, RouterConfig, save_routers
 from .data import DEFAULT_TARGETS, check_categories, load_examples, synthetic_records, to_example
@@ -221,7 +222,7 @@ def train(
         max_minutes: stop after this many minutes of training, after a checkpoint (`RunOptions.max_minutes`); the
             final evaluation then does not run.
 
-    The output folder is locked for the run (`elastic_bench.files.exclusive`).
+    The output folder is locked for the run (`elastic_bench.foundation.files.exclusive`).
     """
     ranks = Ranks.from_env(config.device)
     with exclusive(config.output, "elastic-bench train-router", enabled=ranks.is_main):
@@ -230,8 +231,8 @@ def train(
 
 def _train(config: TrainConfig, progress: bool, loaded: tuple[nn.Module, Any] | None, max_minutes: float | None,
            ranks: Ranks) -> TrainResult:
-    from elastic_bench.attention import apply
-    from elastic_bench.models import load_model
+    from elastic_bench.modeling.attention import apply
+    from elastic_bench.modeling.loading import load_model
 
     from .elastic import Elastic, model_layout
 
@@ -309,7 +310,7 @@ class RouterObjective(Objective):
         device: the backbone's device.
         ranks: this process among the ranks.
 
-    ``handle`` (the `elastic_bench.attention.apply` handle of the `Elastic` method) is set before `fit` runs.
+    ``handle`` (the `elastic_bench.modeling.attention.apply` handle of the `Elastic` method) is set before `fit` runs.
     """
 
     def __init__(self, config: TrainConfig, bank: RouterBank, lambdas: LagrangeMultipliers, loss_model: LossModel,
@@ -396,7 +397,7 @@ class RouterObjective(Objective):
     def export(self, step: int, final: dict[str, float] | None = None, replica_diff: float | None = None) -> None:
         """Write ``router.safetensors`` + ``router_config.json`` with the training record (configuration, steps done,
         λ, provenance; the final hard ΩMSR and the replicas' largest difference when given)."""
-        from elastic_bench.provenance import provenance
+        from elastic_bench.results.provenance import provenance
 
         self.bank.config.training = {
             **self.config.to_dict(),
@@ -433,8 +434,8 @@ class RowBatches(torch.utils.data.Dataset):
 def feature_means(model: nn.Module, bank, rows: list[PackedRow], num_categories: int, device) -> None:
     """Set each router's ``feature_mean [H, D]``: the mean over categories of the per-category mean pooled pre-RoPE key
     of the prompts of ``rows``, with full attention on every head."""
-    from elastic_bench.attention import apply
-    from elastic_bench.interface import Method
+    from elastic_bench.modeling.attention import apply
+    from elastic_bench.modeling.interface import Method
 
     layers, heads, dim = len(bank.layers), bank.config.num_kv_heads, bank.config.head_dim
     sums = torch.zeros(num_categories, layers, heads, dim, dtype=torch.float64)

@@ -18,7 +18,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from elastic_bench.files import digest, read_jsonl
+from elastic_bench.foundation.files import digest, read_jsonl
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ Design decisions:
   adaptive sparsity and routing, one group per benchmark, paired differences, configurations (the legend of
   labels), then the excluded and failed cells, failures folded once per distinct error message.
 - Provenance (versions, git hashes, devices, backends, dates) is read from the cells' ``metrics.json``.
-- Every file is written atomically (`elastic_bench.files`).
+- Every file is written atomically (`elastic_bench.foundation.files`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
-from elastic_bench.files import atomic_path, write_text
+from elastic_bench.foundation.files import atomic_path, write_text
 
 from . import plots, tables
 from .collect import CellResult

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_bench.registry import Registry, did_you_mean
+from elastic_bench.foundation.registry import Registry, did_you_mean
 
 
 @dataclass

@@ -18,6 +18,6 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny_models():
     """``{"qwen3": (model, tokenizer), "llama": (model, tokenizer)}`` in fp32 on the CPU."""
-    from elastic_bench.models import load_model
+    from elastic_bench.modeling.loading import load_model
 
     return {arch: load_model(f"tiny:{arch}", dtype=torch.float32, device="cpu") for arch in ("qwen3", "llama")}

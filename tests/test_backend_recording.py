@@ -9,9 +9,9 @@ import json
 import pytest
 import torch
 
+from elastic_bench.evaluation.runner import RunConfig, run
 from elastic_bench.kernels import hybrid
 from elastic_bench.kernels.hybrid.naive import naive_hybrid_attention
-from elastic_bench.runner import RunConfig, run
 
 THRESHOLD = 700  # keys from which `auto` prefers the stub backend on the CPU
 

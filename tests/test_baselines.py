@@ -9,7 +9,7 @@ import torch
 from elastic_bench import apply, get_method
 from elastic_bench.baselines.gates import PATTERNS_DIR, binarize, load_gates
 from elastic_bench.kernels import Mode
-from elastic_bench.models import load_model
+from elastic_bench.modeling.loading import load_model
 
 
 def test_shipped_llama_pattern_statistics():
@@ -68,7 +68,7 @@ def test_layout_mismatch_and_missing_pattern_are_clear(tiny_models, tmp_path):
 
 def test_gates_shipped_in_the_model_directory_are_found(tmp_path):
     """`pattern="auto"` takes ``<model dir>/head_gates.tsv`` (how the testbed ships its retrieval heads)."""
-    from elastic_bench.models import TESTBED_DIR
+    from elastic_bench.modeling.loading import TESTBED_DIR
 
     model, tokenizer = load_model("testbed", device="cpu")
     ids = tokenizer("the", return_tensors="pt").input_ids.repeat(1, 300)

@@ -62,7 +62,7 @@ def test_passkey_data_refuses_what_cannot_fit(tiny_models):
 
 
 def test_haystack_files_and_the_testbed_tokenizer(tmp_path, tiny_models):
-    from elastic_bench.models import load_model
+    from elastic_bench.modeling.loading import load_model
 
     _, tokenizer = tiny_models["llama"]
     corpus = tmp_path / "books.jsonl"
@@ -221,6 +221,6 @@ def test_an_unusable_training_backend_is_refused_before_the_model_loads(monkeypa
     def loaded(*args, **kwargs):
         raise AssertionError("the model loaded")
 
-    monkeypatch.setattr("elastic_bench.models.load_model", loaded)
+    monkeypatch.setattr("elastic_bench.modeling.loading.load_model", loaded)
     assert main(["train-duo", "--backend", "flex", "--device", "cpu", "--output", str(tmp_path / "duo")]) == 2
     assert "attention backend 'flex' is not available on cpu" in capsys.readouterr().err

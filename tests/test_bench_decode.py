@@ -45,8 +45,8 @@ def test_bad_inputs_exit_2_before_the_model_loads(tmp_path, capsys):
 
 @pytest.mark.parametrize("kv_cache", ["evicting", "dynamic"])
 def test_a_run_records_decode_time_and_cache_bytes(tmp_path, kv_cache):
-    from elastic_bench.results import Cell
-    from elastic_bench.runner import RunConfig, run
+    from elastic_bench.evaluation.runner import RunConfig, run
+    from elastic_bench.results.store import Cell
 
     config = RunConfig(model="tiny:qwen3", methods=["streaming"], tasks=["ruler_niah_single_1"], lengths=[1024],
                        limit=1, output=str(tmp_path), device="cpu", progress=False, kv_cache=kv_cache,

@@ -183,7 +183,7 @@ def test_bad_input_ends_in_one_line_before_the_model_loads(argv, message, tmp_pa
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the inputs were checked")
 
-    monkeypatch.setattr("elastic_bench.models.load_model", no_model)
+    monkeypatch.setattr("elastic_bench.modeling.loading.load_model", no_model)
     rc, _ = _bench(tmp_path, "--lengths", "256", *argv)
     err = capsys.readouterr().err.strip()
     assert rc == 2 and message in err and len(err.splitlines()) == 1, err

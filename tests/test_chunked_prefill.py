@@ -20,10 +20,10 @@ import torch.nn.functional as F
 from test_kernels_triton import print_case_results, run_interpreted
 
 from elastic_bench import apply, get_method
-from elastic_bench.attention import attention_implementation
 from elastic_bench.kernels import HeadPlan, Mode, StreamingGeometry, available_backends, hybrid_attention, pair_counts
 from elastic_bench.kernels.hybrid.masks import streaming as streaming_mask
 from elastic_bench.kernels.hybrid.naive import naive_hybrid_attention
+from elastic_bench.modeling.attention import attention_implementation
 
 # name: (batch, kv heads, groups, Lq, Lk, modes per (sample, KV head) (F/S), sink, local, chunk starts)
 CASES = {
@@ -267,7 +267,7 @@ def test_one_chunk_covering_the_prompt_equals_full(tiny_models, gate_file, arch)
 
 def test_decode_steps_see_the_cached_window_and_the_query(tiny_models, gate_file):
     """After a chunked prefill a decode step sees upstream's compressed cache (sink + `local` tokens) and itself."""
-    from elastic_bench.interface import AttentionCall
+    from elastic_bench.modeling.interface import AttentionCall
 
     model, _ = tiny_models["llama"]
     method = get_method("duo_attention", pattern=gate_file, sink=SINK, local=RECENT, prefill="chunked", chunk_size=8)

@@ -128,7 +128,7 @@ def well_typed(rng: random.Random, command: str, option: Option, paths: dict[str
 
 def bad_yaml(rng: random.Random, path: Path) -> None:
     """A RunConfig file that is malformed, not a mapping, or holds an unknown key or an ill-typed value."""
-    from elastic_bench.runner import RunConfig
+    from elastic_bench.evaluation.runner import RunConfig
 
     kind = rng.choice(["syntax", "not a mapping", "unknown key", "ill-typed", "ill-typed"])
     if kind == "syntax":
@@ -288,7 +288,8 @@ def test_malformed_command_lines_end_in_one_line_before_any_model_loads(paths, c
 
         return stop
 
-    for target in ("elastic_bench.models.load_model", "elastic_bench.runner.run", "elastic_bench.method.trainer.train",
+    for target in ("elastic_bench.modeling.loading.load_model", "elastic_bench.evaluation.runner.run",
+    "elastic_bench.method.trainer.train",
                    "elastic_bench.testbed.training.train.train", "elastic_bench.kernels.bench.run_kernel_bench",
                    "elastic_bench.testbed.training.records.write_records", "elastic_bench.reports.write_report"):
         monkeypatch.setattr(target, reached(target))

@@ -10,9 +10,10 @@ import torch
 from torch._dynamo.utils import counters
 from transformers import DynamicCache
 
-from elastic_bench import apply, generation, get_method
-from elastic_bench.fusion import fusable_modules, fused_ops
-from elastic_bench.kv_cache import cache_keyword, returned_cache
+from elastic_bench import apply, get_method
+from elastic_bench.modeling import generation
+from elastic_bench.modeling.fusion import fusable_modules, fused_ops
+from elastic_bench.modeling.kv_cache import cache_keyword, returned_cache
 
 
 def _names(model) -> list[str]:

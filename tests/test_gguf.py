@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from elastic_bench.models import gguf_file, load_model, max_positions, model_dir, model_label
+from elastic_bench.modeling.loading import gguf_file, load_model, max_positions, model_dir, model_label
 
 gguf = pytest.importorskip("gguf", reason="the gguf package (pip install gguf) writes and reads GGUF files")
 

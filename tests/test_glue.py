@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from elastic_bench import apply, get_method
-from elastic_bench.interface import AttentionCall, Method
 from elastic_bench.kernels import HeadPlan, Mode, StreamingGeometry
+from elastic_bench.modeling.interface import AttentionCall, Method
 
 ARCHS = ["qwen3", "llama"]
 

@@ -30,30 +30,32 @@ line-length = 120
 # A clean miniature of the real layout; each test adds or replaces a file to break one rule.
 CLEAN = {
     "elastic_bench/__init__.py": "",
-    "elastic_bench/registry.py": "import json\n",
-    "elastic_bench/interface.py": "from elastic_bench.kernels import HeadPlan, __version__\n",  # dunders are public
-    "elastic_bench/attention.py": "from elastic_bench.interface import Method\n",
-    "elastic_bench/runner.py": "from elastic_bench import tasks\nfrom elastic_bench.kernels import plan\n",
-    "elastic_bench/cli.py": "def main():\n    from elastic_bench.runner import run\n",
+    "elastic_bench/foundation/registry.py": "import json\n",
+    # dunders are public
+    "elastic_bench/modeling/interface.py": "from elastic_bench.kernels import HeadPlan, __version__\n",
+    "elastic_bench/modeling/attention.py": "from elastic_bench.modeling.interface import Method\n",
+    "elastic_bench/evaluation/runner.py": "from elastic_bench import tasks\nfrom elastic_bench.kernels import plan\n",
+    "elastic_bench/cli.py": "def main():\n    from elastic_bench.evaluation.runner import run\n",
     "elastic_bench/testbed/__init__.py": "from elastic_bench.tasks.base import Task\n",
     "elastic_bench/testbed/training/train.py": "from elastic_bench.method import router\n",  # a namespace package
     "kernels/__init__.py": "from .plan import HeadPlan\n",
     "kernels/plan.py": textwrap.dedent("""\
         from typing import TYPE_CHECKING
 
-        from elastic_bench.registry import Registry
+        from elastic_bench.foundation.registry import Registry
 
         if TYPE_CHECKING:
-            from elastic_bench.runner import RunConfig
+            from elastic_bench.evaluation.runner import RunConfig
         """),
     "kernels/hybrid/__init__.py": "",
     "kernels/hybrid/fused.py": "from ..plan import HeadPlan\n_x = 1\n",
     "kernels/hybrid/flex.py": "from elastic_bench.kernels.hybrid.fused import _x\n",  # private, but the same pillar
     "tasks/__init__.py": "",
-    "tasks/base.py": "from elastic_bench.registry import Registry\n",
+    "tasks/base.py": "from elastic_bench.foundation.registry import Registry\n",
     "reports/__init__.py": "import json\n",
     "method/__init__.py": "",
-    "method/router.py": "import torch\nfrom elastic_bench.kernels import plan\nfrom elastic_bench.interface import M\n",
+    "method/router.py": ("import torch\nfrom elastic_bench.kernels import plan\n"
+                         "from elastic_bench.modeling.interface import M\n"),
     "tests/test_toy.py": "import elastic_bench.devtools\n",  # tests/ is no package: not checked
 }
 
@@ -89,14 +91,14 @@ def test_clean_toy_tree_passes(tmp_path, capsys):
     code, out = run_tree(tmp_path, capsys)
     assert code == 0, out
     assert out.splitlines()[0].startswith("layers")
-    assert "  2. pillars           8 modules" in out  # kernels 5, tasks 2, reports 1
+    assert "  3. pillars           8 modules" in out  # kernels 5, tasks 2, reports 1
     assert out.splitlines()[-1] == "no reverse edge, no cycle"
 
 
 def test_reverse_edge(tmp_path, capsys):
-    code, found = check(tmp_path, capsys, {"kernels/bad.py": "import os\nimport elastic_bench.runner\n"})
+    code, found = check(tmp_path, capsys, {"kernels/bad.py": "import os\nimport elastic_bench.evaluation.runner\n"})
     assert code == 1
-    assert found == ["kernels/bad.py:2  elastic_bench.kernels.bad -> elastic_bench.runner  "
+    assert found == ["kernels/bad.py:2  elastic_bench.kernels.bad -> elastic_bench.evaluation.runner  "
                      "(reverse edge: pillars may not import front)"]
 
 
@@ -109,17 +111,20 @@ def test_nothing_imports_devtools(tmp_path, capsys):
 
 
 def test_type_checking_import_is_ignored_but_the_same_import_unguarded_is_not(tmp_path, capsys):
-    code, found = check(tmp_path, capsys, {"kernels/plan.py": "from elastic_bench.runner import RunConfig\n"})
+    unguarded = "from elastic_bench.evaluation.runner import RunConfig\n"
+    code, found = check(tmp_path, capsys, {"kernels/plan.py": unguarded})
     assert code == 1
-    assert found == ["kernels/plan.py:1  elastic_bench.kernels.plan -> elastic_bench.runner  "
+    assert found == ["kernels/plan.py:1  elastic_bench.kernels.plan -> elastic_bench.evaluation.runner  "
                      "(reverse edge: pillars may not import front)",
-                     "cycle: elastic_bench.kernels.plan <-> elastic_bench.runner"]  # runner imports kernels.plan
+                     # runner imports kernels.plan
+                     "cycle: elastic_bench.evaluation.runner <-> elastic_bench.kernels.plan"]
 
 
 def test_cycle(tmp_path, capsys):
-    code, found = check(tmp_path, capsys, {"elastic_bench/interface.py": "def f():\n    from . import attention\n"})
+    lazy = "def f():\n    from . import attention\n"
+    code, found = check(tmp_path, capsys, {"elastic_bench/modeling/interface.py": lazy})
     assert code == 1
-    assert found == ["cycle: elastic_bench.attention <-> elastic_bench.interface"]
+    assert found == ["cycle: elastic_bench.modeling.attention <-> elastic_bench.modeling.interface"]
 
 
 def test_three_module_cycle_through_a_package_init(tmp_path, capsys):
@@ -138,6 +143,21 @@ def test_reports_import_no_torch(tmp_path, capsys):
     assert found == ["reports/render.py:2  elastic_bench.reports.render -> torch.nn  (reports import no torch)"]
 
 
+def test_results_store_imports_no_torch(tmp_path, capsys):
+    code, found = check(tmp_path, capsys, {"elastic_bench/results/store.py": "import torch\n"})
+    assert code == 1
+    assert found == ["elastic_bench/results/store.py:1  elastic_bench.results.store -> torch  "
+                     "(the results store imports no torch: the reports read it)"]
+
+
+def test_model_side_and_training_side_are_separate(tmp_path, capsys):
+    code, found = check(tmp_path, capsys, {"elastic_bench/training/engine.py": "from elastic_bench.modeling import x\n",
+                                           "elastic_bench/modeling/x.py": ""})
+    assert code == 1
+    assert found == ["elastic_bench/training/engine.py:1  elastic_bench.training.engine -> elastic_bench.modeling.x  "
+                     "(core entries are separate: elastic_bench.training may not import elastic_bench.modeling)"]
+
+
 def test_lazy_import_inside_a_function_counts(tmp_path, capsys):
     lazy = "class A:\n    def f(self):\n        if True:\n            from elastic_bench.tasks import base\n"
     code, found = check(tmp_path, capsys, {"kernels/lazy.py": lazy})
@@ -148,10 +168,10 @@ def test_lazy_import_inside_a_function_counts(tmp_path, capsys):
 
 def test_relative_import_is_resolved(tmp_path, capsys):
     code, found = check(tmp_path, capsys, {"kernels/hybrid/naive.py": "from ..plan import HeadPlan\n"
-                                                                      "from ... import runner\n"})
+                                                                      "from ...evaluation import runner\n"})
     assert code == 1
-    assert found == ["kernels/hybrid/naive.py:2  elastic_bench.kernels.hybrid.naive -> elastic_bench.runner  "
-                     "(reverse edge: pillars may not import front)"]
+    assert found == ["kernels/hybrid/naive.py:2  elastic_bench.kernels.hybrid.naive -> "
+                     "elastic_bench.evaluation.runner  (reverse edge: pillars may not import front)"]
 
 
 def test_method_does_not_import_tasks(tmp_path, capsys):
@@ -169,14 +189,16 @@ def test_private_name_across_pillars(tmp_path, capsys):
 
 
 def test_private_name_across_layers_even_where_the_edge_is_allowed(tmp_path, capsys):
-    code, found = check(tmp_path, capsys, {"method/router.py": "from elastic_bench.kernels.plan import Plan, _tile\n",
-                                           "elastic_bench/runner.py": "from elastic_bench.kernels import _impl\n"})
+    code, found = check(tmp_path, capsys, {
+        "method/router.py": "from elastic_bench.kernels.plan import Plan, _tile\n",
+        "elastic_bench/evaluation/runner.py": "from elastic_bench.kernels import _impl\n",
+    })
     assert code == 1
     assert found == [  # sorted by importing module
+        "elastic_bench/evaluation/runner.py:1  elastic_bench.evaluation.runner -> elastic_bench.kernels  "
+        "(private name _impl imported from another part)",
         "method/router.py:1  elastic_bench.method.router -> elastic_bench.kernels.plan  "
         "(private name _tile imported from another part)",
-        "elastic_bench/runner.py:1  elastic_bench.runner -> elastic_bench.kernels  "
-        "(private name _impl imported from another part)",
     ]
 
 

@@ -32,7 +32,7 @@ def no_model(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr("elastic_bench.models.load_model", refuse)
+    monkeypatch.setattr("elastic_bench.modeling.loading.load_model", refuse)
 
 
 def tiny_run(output, *extra) -> list[str]:
@@ -210,7 +210,7 @@ def test_a_corrupt_metrics_file_is_one_line_from_report(tmp_path, capsys, no_mod
 
 @pytest.mark.parametrize("content", [b"", b"\x10\x00\x00\x00\x00\x00\x00\x00{not json", b"\x00" * 64])
 def test_a_corrupt_training_state_is_one_line_naming_the_file(tmp_path, content):
-    from elastic_bench.training import STATE_TENSORS, read_state
+    from elastic_bench.training.engine import STATE_TENSORS, read_state
 
     (tmp_path / STATE_TENSORS).write_bytes(content)
     with pytest.raises(ValueError) as err:
@@ -219,7 +219,7 @@ def test_a_corrupt_training_state_is_one_line_naming_the_file(tmp_path, content)
 
 
 def test_train_router_refuses_a_corrupt_training_state_in_one_line(tmp_path, capsys):
-    from elastic_bench.training import STATE_TENSORS
+    from elastic_bench.training.engine import STATE_TENSORS
 
     (tmp_path / STATE_TENSORS).write_bytes(b"garbage")
     code, err = main(["train-router", "--model", "tiny:qwen3", "--output", tmp_path, "--steps", "1", "--pack-tokens",
@@ -233,7 +233,7 @@ def test_train_router_refuses_a_corrupt_training_state_in_one_line(tmp_path, cap
 def test_a_training_state_record_that_is_not_json_is_one_line(tmp_path):
     from safetensors.torch import save_file
 
-    from elastic_bench.training import STATE_TENSORS, read_state
+    from elastic_bench.training.engine import STATE_TENSORS, read_state
 
     save_file({"x": torch.zeros(1)}, str(tmp_path / STATE_TENSORS), metadata={"state": "{trunc"})
     with pytest.raises(ValueError, match="record is not valid JSON"):
@@ -263,7 +263,7 @@ def test_a_missing_cuda_device_is_refused_before_a_model_loads(tmp_path, capsys,
 
 
 def test_load_model_checks_the_device():
-    from elastic_bench.models import check_device, load_model
+    from elastic_bench.modeling.loading import check_device, load_model
 
     assert check_device("cpu") == torch.device("cpu") and check_device("meta").type == "meta"
     with pytest.raises(ValueError, match="got 'cuda:x'"):

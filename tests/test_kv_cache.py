@@ -11,10 +11,10 @@ import torch
 from transformers import DynamicCache
 
 from elastic_bench import apply, get_method
-from elastic_bench.generation import greedy_generate
-from elastic_bench.interface import AttentionCall, Method
 from elastic_bench.kernels import HeadPlan, Mode, StreamingGeometry
-from elastic_bench.kv_cache import GROW, PackedCache, PackedLayer, cache_keyword, returned_cache
+from elastic_bench.modeling.generation import greedy_generate
+from elastic_bench.modeling.interface import AttentionCall, Method
+from elastic_bench.modeling.kv_cache import GROW, PackedCache, PackedLayer, cache_keyword, returned_cache
 
 F, S = int(Mode.FULL), int(Mode.STREAMING)
 
@@ -154,7 +154,7 @@ def test_rows_grow_and_rings_wrap_over_many_steps():
 
 def test_fast_decode_gives_todays_tokens_on_the_testbed():
     from elastic_bench import tasks
-    from elastic_bench.models import load_model
+    from elastic_bench.modeling.loading import load_model
 
     model, tokenizer = load_model("testbed", dtype=torch.float32, device="cpu")
     samples = tasks.get("testbed_niah_single").samples(tokenizer, 1024, limit=1, seed=0)
@@ -186,7 +186,7 @@ def test_bad_kv_cache_and_refused_plans_are_clear(tiny_models):
 def test_decode_graphs_give_the_eager_tokens_on_the_gpu(name):
     """CUDA-graph replays of the decode step (`DecodeGraph`) give the tokens of eager steps, on the testbed."""
     from elastic_bench import tasks
-    from elastic_bench.models import load_model
+    from elastic_bench.modeling.loading import load_model
 
     model, tokenizer = load_model("testbed", device="cuda")
     sample = tasks.get("testbed_niah_multikey").samples(tokenizer, 2048, limit=1, seed=1)[0]

@@ -18,8 +18,8 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.api.registry import Registry  # noqa: E402
 
 from elastic_bench.cli import main  # noqa: E402
-from elastic_bench.lm_eval_bridge import ElasticLM, cli  # noqa: E402
-from elastic_bench.models import load_model  # noqa: E402
+from elastic_bench.evaluation.lm_eval_bridge import ElasticLM, cli  # noqa: E402
+from elastic_bench.modeling.loading import load_model  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures" / "lm_eval"
 TASKS = {"toy_generate": "generate_until", "toy_loglikelihood": "loglikelihood", "toy_rolling": "loglikelihood_rolling",
@@ -308,7 +308,7 @@ def test_lm_eval_discovers_elastic_through_its_entry_point():
     # `lm_eval.models` as a lazy placeholder of their model registry; this does what that discovery does, with the
     # entry points this installation declares (pyproject.toml).
     found = {point.name: point for point in importlib.metadata.entry_points(group="lm_eval.models")}
-    assert found["elastic"].value == "elastic_bench.lm_eval_bridge:ElasticLM"
+    assert found["elastic"].value == "elastic_bench.evaluation.lm_eval_bridge:ElasticLM"
     registry = Registry("model")
     registry.register("elastic", target=found["elastic"])
     assert registry.get("elastic") is ElasticLM

@@ -17,7 +17,7 @@ from elastic_bench.method.data import (
     synthetic_records,
     to_example,
 )
-from elastic_bench.training import TokenizedExample, pack, tokenize
+from elastic_bench.training.engine import TokenizedExample, pack, tokenize
 
 
 def test_plain_and_official_records():

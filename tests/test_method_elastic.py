@@ -228,7 +228,7 @@ def test_mismatched_layout_is_one_clear_error(tiny_models, tmp_path):
 
 
 def test_a_router_shipped_next_to_the_model_is_the_default(tiny_models, tmp_path):
-    from elastic_bench.models import load_model
+    from elastic_bench.modeling.loading import load_model
 
     model, tokenizer = tiny_models["qwen3"]
     model.save_pretrained(tmp_path)

@@ -17,8 +17,8 @@ from elastic_bench.method.elastic import Elastic, TrainingRoute
 from elastic_bench.method.objective import LagrangeMultipliers, omega_msr, sparsity_penalty
 from elastic_bench.method.relaxation import gumbel_noise
 from elastic_bench.method.trainer import TrainConfig, train
-from elastic_bench.models import load_model
-from elastic_bench.training import LossModel, row_inputs, training_backend
+from elastic_bench.modeling.loading import load_model
+from elastic_bench.training.engine import LossModel, row_inputs, training_backend
 
 TARGETS = {"sensitive": 0.3, "robust": 1.0}
 SMALL = ModeConfig(sink=4, local=32, granularity="token")
@@ -40,7 +40,7 @@ def fresh_model():
 def _frozen_model_routers_and_row():
     """The frozen tiny model, an `Elastic` method holding fresh routers for it, and one packed row of 4 samples."""
     from elastic_bench.method.data import to_example
-    from elastic_bench.training import pack, tokenize
+    from elastic_bench.training.engine import pack, tokenize
 
     model, tokenizer = fresh_model()
     model.requires_grad_(False)

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from elastic_bench.models import load_model, model_context, model_label
+from elastic_bench.modeling.loading import load_model, model_context, model_label
 
 
 def test_tiny_models_are_seeded_and_offline():

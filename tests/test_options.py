@@ -14,7 +14,7 @@ from typing import Literal
 import pytest
 
 from elastic_bench import cli
-from elastic_bench.options import add_options, check_fields, check_value, command_line, field_help, from_args
+from elastic_bench.foundation.options import add_options, check_fields, check_value, command_line, field_help, from_args
 
 COMMAND_LEVEL = {"help", "config", "method_option"}  # options of the command line itself, not of a config
 
@@ -177,7 +177,7 @@ def test_bad_config_files_end_in_one_line(tmp_path, capsys, text, expected):
 
 def test_config_file_values_are_defaults_that_flags_override(tmp_path, monkeypatch):
     seen = {}
-    monkeypatch.setattr("elastic_bench.runner.run", lambda config: seen.setdefault("config", config) and [])
+    monkeypatch.setattr("elastic_bench.evaluation.runner.run", lambda config: seen.setdefault("config", config) and [])
     path = tmp_path / "run.yaml"
     path.write_text("model: tiny:llama\nlimit: 5\nlengths: [512]\nmethods: [full, streaming]\n"
                     "method_options: {streaming: {local: 64, sink: 4}}\n")

@@ -17,8 +17,8 @@ import pytest
 from fixtures.tasks_data import write_longbench
 
 from elastic_bench import cli
-from elastic_bench.files import LOCK_FILE, exclusive
-from elastic_bench.results import Cell
+from elastic_bench.foundation.files import LOCK_FILE, exclusive
+from elastic_bench.results.store import Cell
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -160,7 +160,7 @@ def test_lengths_beyond_the_models_positions_need_allow_extrapolation(tmp_path, 
     def loaded(*args, **kwargs):
         raise ValueError("the model would load now")
 
-    monkeypatch.setattr("elastic_bench.models.load_model", loaded)
+    monkeypatch.setattr("elastic_bench.modeling.loading.load_model", loaded)
     assert cli.main([*argv, "--allow-extrapolation"]) == 2
     assert "the model would load now" in capsys.readouterr().err
 
@@ -256,7 +256,7 @@ def test_a_router_moved_elsewhere_with_the_same_contents_is_the_same_configurati
 
 def test_atomic_writes_give_files_the_usual_mode(tmp_path):
     """The temporary file of an atomic write is private; the result file gets the mode the umask gives."""
-    from elastic_bench.files import write_json
+    from elastic_bench.foundation.files import write_json
 
     mask = os.umask(0o022)
     try:

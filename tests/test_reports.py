@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from elastic_bench import cli
-from elastic_bench.files import digest, write_json, write_jsonl
+from elastic_bench.foundation.files import digest, write_json, write_jsonl
 from elastic_bench.reports import compare, load_cells, pareto_front, run_names, summarize, write_report
 from elastic_bench.reports.labels import short_label
 from elastic_bench.reports.tables import adaptive_sparsity, benchmark_tables, pair_differences

@@ -9,7 +9,7 @@ from statistics import mean
 
 from elastic_bench.cli import main
 from elastic_bench.method import synthetic_records
-from elastic_bench.models import TESTBED_DIR
+from elastic_bench.modeling.loading import TESTBED_DIR
 from elastic_bench.reports import load_cells, pareto_front
 from elastic_bench.testbed.generators import SPECS
 

@@ -9,9 +9,10 @@ import sys
 
 import pytest
 
-from elastic_bench import cli, generation
-from elastic_bench.results import Cell
-from elastic_bench.runner import RunConfig, run
+from elastic_bench import cli
+from elastic_bench.evaluation.runner import RunConfig, run
+from elastic_bench.modeling import generation
+from elastic_bench.results.store import Cell
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -161,7 +162,7 @@ def test_torchrun_two_ranks_shard_samples_and_match_one_process(tmp_path):
 
 
 def test_source_digest_names_the_code_not_the_checkout(tmp_path):
-    from elastic_bench.provenance import digest, source_digest
+    from elastic_bench.results.provenance import digest, source_digest
 
     a, b = tmp_path / "a" / "pkg", tmp_path / "b" / "pkg"
     for root in (a, b):

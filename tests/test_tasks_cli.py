@@ -51,9 +51,9 @@ def test_tasks_listing_and_missing_corpus(tmp_path, capsys):
 
 def test_runner_generates_a_follow_up_turn_for_chain_of_thought(tmp_path, monkeypatch):
     """longbench_v2_cot: the reasoning turn's prediction feeds the answer turn; the record keeps both."""
-    from elastic_bench import generation
-    from elastic_bench.models import byte_tokenizer
-    from elastic_bench.runner import RunConfig, run
+    from elastic_bench.evaluation.runner import RunConfig, run
+    from elastic_bench.modeling import generation
+    from elastic_bench.modeling.loading import byte_tokenizer
 
     tok, original = byte_tokenizer(), generation.greedy_generate
     scripted, seen = ["Because A fits.", "The correct answer is (A)"], []

@@ -13,7 +13,7 @@ import pytest
 from fixtures.tasks_data import build, longbench_record, write_longbench
 
 from elastic_bench import tasks
-from elastic_bench.models import byte_tokenizer
+from elastic_bench.modeling.loading import byte_tokenizer
 from elastic_bench.tasks import corpora, longbench, longbench_v2
 
 SHIPPED = {  # upstream git blob ids (reference/data/SOURCES.md)

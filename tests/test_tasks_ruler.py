@@ -12,7 +12,7 @@ import pytest
 from fixtures.tasks_data import build
 
 from elastic_bench import tasks
-from elastic_bench.models import bpe_tokenizer, byte_tokenizer
+from elastic_bench.modeling.loading import bpe_tokenizer, byte_tokenizer
 from elastic_bench.tasks import corpora, ruler, ruler_data
 
 NEEDS_CONTEXT = {  # tasks whose references must all appear in the input ("part": at least one)

@@ -117,7 +117,7 @@ def test_same_seed_same_sample_other_seed_other_sample(vocab):
 
 
 def test_registered_tasks_fit_any_tokenizer_and_score_like_ruler(tokenizer):
-    from elastic_bench.models import byte_tokenizer
+    from elastic_bench.modeling.loading import byte_tokenizer
 
     assert tasks.expand(["testbed"]) == [f"testbed_{n}" for n in SPECS]
     assert set(tasks.expand(["testbed_sensitive"])) == {"testbed_niah_single", "testbed_niah_multikey"}
@@ -228,7 +228,7 @@ def test_testbed_data_command(tmp_path, capsys):
 def test_key_matching_probe_finds_the_shipped_models_matching_heads(vocab):
     from transformers import LlamaForCausalLM
 
-    from elastic_bench.models import TESTBED_DIR
+    from elastic_bench.modeling.loading import TESTBED_DIR
     from elastic_bench.testbed.training.heads import best_head, key_matching
     from elastic_bench.testbed.training.train import model_config
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from elastic_bench import cli, method_names
-from elastic_bench.models import TESTBED_DIR, load_model
+from elastic_bench.modeling.loading import TESTBED_DIR, load_model
 from elastic_bench.testbed.vocab import build
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

@@ -84,7 +84,7 @@ def test_training_runs_with_deterministic_kernels_and_restores_the_setting(tmp_p
 
 
 def test_rope_theta_reaches_the_exported_model(tmp_path):
-    from elastic_bench.models import load_model
+    from elastic_bench.modeling.loading import load_model
 
     train(TrainConfig(**(TOY | {"rope_theta": 5e5, "eval_samples": 0})), tmp_path, device="cpu", progress=False)
     model, _ = load_model(str(tmp_path), dtype=torch.float32, device="cpu")
@@ -143,7 +143,7 @@ def test_curriculum_needles_add_distractors_but_keep_four_questions():
 
 def _weights(output, module: str) -> dict[str, torch.Tensor]:
     """The state dict of ``module`` (``model``, ``aux``) in the training state in ``output`` (empty if not there)."""
-    from elastic_bench.training import read_state
+    from elastic_bench.training.engine import read_state
 
     record, tensors = read_state(output)
     prefix = f"{module}."
@@ -155,7 +155,7 @@ TOY = dict(seed=0, steps=3, batch_tokens=256, min_length=256, max_length=256, ev
 
 
 def test_interrupted_and_resumed_training_equals_one_run_and_exports_a_loadable_model(tmp_path):
-    from elastic_bench.models import load_model
+    from elastic_bench.modeling.loading import load_model
 
     config = TrainConfig(**TOY)
     straight = train(config, tmp_path / "a", device="cpu", command="cmd", progress=False)
@@ -277,7 +277,7 @@ def test_cli_defaults_are_the_first_stage_and_each_stages_recorded_command_gives
     from importlib.resources import files
 
     from elastic_bench.cli import build_parser
-    from elastic_bench.options import from_args
+    from elastic_bench.foundation.options import from_args
 
     def parsed(words):
         return from_args(TrainConfig, build_parser(words)[0].parse_args(words))

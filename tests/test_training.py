@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from elastic_bench.training import (
+from elastic_bench.training.engine import (
     LOG_FILE,
     STATE_JSON,
     STATE_TENSORS,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from elastic_bench.interface import AttentionCall, Method, register_method
 from elastic_bench.kernels import HeadPlan
+from elastic_bench.modeling.interface import AttentionCall, Method, register_method
 
 
 @register_method("full", "dense")

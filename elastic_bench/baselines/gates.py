@@ -39,9 +39,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from elastic_bench.files import read_table
-from elastic_bench.interface import AttentionCall, Method
+from elastic_bench.foundation.files import read_table
 from elastic_bench.kernels import HeadPlan, Mode, StreamingGeometry
+from elastic_bench.modeling.interface import AttentionCall, Method
 
 GATES_FILE = "full_attention_heads.tsv"  # DuoAttention's name, inside a pattern folder
 PATTERNS_DIR = Path(__file__).resolve().parent.parent / "data" / "duo_attention_patterns"
@@ -176,7 +176,7 @@ class HeadGates(Method):
         return {"pattern": path / GATES_FILE if path.is_dir() else path}
 
     def setup(self, model: nn.Module) -> None:
-        from elastic_bench.attention import attention_modules
+        from elastic_bench.modeling.attention import attention_modules
 
         path = self.gate_file(getattr(model.config, "_name_or_path", "") or "")
         gates = load_gates(path)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from elastic_bench.interface import register_method
+from elastic_bench.modeling.interface import register_method
 
 from .gates import HeadGates
 

@@ -21,10 +21,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from elastic_bench.files import read_table
-from elastic_bench.interface import AttentionCall, Method, register_method
+from elastic_bench.foundation.files import read_table
 from elastic_bench.kernels import HeadPlan, Mode, xattention_select
 from elastic_bench.kernels.xattention import Rule
+from elastic_bench.modeling.interface import AttentionCall, Method, register_method
 
 DEFAULT_THRESHOLD = 0.9  # the Elastic paper's τ, and the default of upstream's standalone estimate
 
@@ -90,7 +90,7 @@ class XAttention(Method):
     def setup(self, model: nn.Module) -> None:
         if self.thresholds is None:
             return
-        from elastic_bench.attention import attention_modules
+        from elastic_bench.modeling.attention import attention_modules
 
         table = load_thresholds(self.thresholds)
         modules = attention_modules(model)

@@ -103,7 +103,7 @@ class DecodeBenchConfig:
         if self.max_memory is not None and not self.max_memory > 0:
             raise ValueError(f"max_memory must be positive GiB, got {self.max_memory}")
         if "elastic" in self.methods:
-            from elastic_bench.interface import get_method
+            from elastic_bench.modeling.interface import get_method
 
             if self.router is None:
                 raise ValueError("method elastic needs --router DIR (a router checkpoint, or untrained)")
@@ -111,9 +111,9 @@ class DecodeBenchConfig:
 
 
 def _method(name: str, model, cfg: DecodeBenchConfig, scratch: str):
-    from elastic_bench.attention import attention_modules
     from elastic_bench.bench.prefill import seeded_gates
-    from elastic_bench.interface import get_method
+    from elastic_bench.modeling.attention import attention_modules
+    from elastic_bench.modeling.interface import get_method
 
     if name == "duo_attention":
         layers, heads = len(attention_modules(model)), int(model.config.num_key_value_heads)
@@ -151,14 +151,15 @@ def bandwidth_gbs(device: torch.device, given: float | None) -> tuple[float, str
 def time_decode(model, cache, tokens: torch.Tensor, warmup: int, device: torch.device,
                 graphs: bool = False) -> tuple[list[float], Any]:
     """Seconds of each of the timed decode steps (``tokens[warmup:]``) after the untimed ones; and the cache. With
-    ``graphs``, every step runs the model's small operations compiled (`elastic_bench.fusion.fused_ops`) and the
+    ``graphs``, every step runs the model's small operations compiled (`elastic_bench.modeling.fusion.fused_ops`) and
+    the
     timed steps replay one CUDA graph of the step, captured after the untimed ones (`DecodeGraph`)."""
     import contextlib
     import time
 
-    from elastic_bench.fusion import fused_ops
-    from elastic_bench.generation import DecodeGraph
-    from elastic_bench.kv_cache import cache_keyword, returned_cache
+    from elastic_bench.modeling.fusion import fused_ops
+    from elastic_bench.modeling.generation import DecodeGraph
+    from elastic_bench.modeling.kv_cache import cache_keyword, returned_cache
 
     name = cache_keyword(model)
     cuda = device.type == "cuda"
@@ -190,7 +191,7 @@ def time_decode(model, cache, tokens: torch.Tensor, warmup: int, device: torch.d
 
 
 def _cache_bytes(cache) -> tuple[int, int]:
-    from elastic_bench.kv_cache import PackedCache
+    from elastic_bench.modeling.kv_cache import PackedCache
 
     if isinstance(cache, PackedCache):
         return cache.nbytes(), cache.full_nbytes()
@@ -210,7 +211,7 @@ def run_decode_bench(cfg: DecodeBenchConfig) -> dict[str, Any]:
 
     from tqdm import tqdm
 
-    from elastic_bench.models import check_device, load_model
+    from elastic_bench.modeling.loading import check_device, load_model
 
     device = check_device(cfg.device)
     if (cfg.max_memory is not None or cfg.decode_graphs) and device.type != "cuda":
@@ -251,8 +252,8 @@ def _measure_method(name, caches, model, ids, steps, cfg, device, scratch, bar) 
     """Prefill once with method ``name``, then decode with each cache variant (and sdpa after ``full``)."""
     from transformers import DynamicCache
 
-    from elastic_bench.attention import apply, attention_implementation
-    from elastic_bench.kv_cache import cache_keyword
+    from elastic_bench.modeling.attention import apply, attention_implementation
+    from elastic_bench.modeling.kv_cache import cache_keyword
 
     length = int(ids.shape[1])
     records = []
@@ -326,8 +327,8 @@ def _fit_test(model, cfg: DecodeBenchConfig, device: torch.device) -> list[dict[
     import gc
     import tempfile
 
-    from elastic_bench.attention import apply
-    from elastic_bench.generation import greedy_generate
+    from elastic_bench.modeling.attention import apply
+    from elastic_bench.modeling.generation import greedy_generate
 
     length = max(cfg.lengths)
     total = torch.cuda.get_device_properties(device).total_memory

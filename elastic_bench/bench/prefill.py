@@ -51,11 +51,11 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from elastic_bench.attention import attention_implementation
 from elastic_bench.bench import formatted, with_provenance
-from elastic_bench.interface import AttentionCall, Method
 from elastic_bench.kernels import BlockSelection, HeadPlan, Mode, sample_means
 from elastic_bench.method.modes import ModeConfig
+from elastic_bench.modeling.attention import attention_implementation
+from elastic_bench.modeling.interface import AttentionCall, Method
 
 REFERENCES = ("floor", "full")  # run at every length, first: every ratio needs them
 MODES = ("fa-ssa", "fa-xa", "xa-ssa")
@@ -124,8 +124,8 @@ class PrefillBenchConfig:
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
         if self.backend != "auto":
+            from elastic_bench.foundation.registry import did_you_mean
             from elastic_bench.kernels import backend_names
-            from elastic_bench.registry import did_you_mean
 
             if self.backend not in backend_names():
                 raise did_you_mean("attention backend", self.backend, ["auto", *backend_names()])
@@ -135,7 +135,7 @@ class PrefillBenchConfig:
         if "elastic" in self.methods and self.router is None:
             raise ValueError("method elastic needs --router DIR (a router checkpoint, or untrained)")
         if self.router is not None:
-            from elastic_bench.interface import get_method
+            from elastic_bench.modeling.interface import get_method
 
             get_method("elastic", router=self.router)  # checks the folder without reading it
             if "elastic" not in self.methods:
@@ -255,7 +255,7 @@ class SeededModes(Method):
         self._blocks: dict[tuple[int, int, int], BlockSelection] = {}
 
     def setup(self, model: torch.nn.Module) -> None:
-        from elastic_bench.attention import attention_modules
+        from elastic_bench.modeling.attention import attention_modules
 
         modules = attention_modules(model)
         layers, heads = len(modules), int(modules[0].config.num_key_value_heads)
@@ -310,8 +310,8 @@ def seeded_gates(layers: int, heads: int, seed: int, folder: str | Path) -> Path
 
 def build_method(name: str, model: torch.nn.Module, cfg: PrefillBenchConfig, scratch: str | Path) -> Method:
     """The method ``name`` of the benchmark (one of `METHODS` except the floor and sdpa) for ``model``."""
-    from elastic_bench.attention import attention_modules
-    from elastic_bench.interface import get_method
+    from elastic_bench.modeling.attention import attention_modules
+    from elastic_bench.modeling.interface import get_method
 
     if name in MODES:
         return SeededModes(mode=name, omega_msr=cfg.omega_msr, density=cfg.density, seed=cfg.seed)
@@ -351,7 +351,7 @@ def run_prefill_bench(cfg: PrefillBenchConfig) -> dict[str, Any]:
     from tqdm import tqdm
 
     from elastic_bench.kernels import available_backends
-    from elastic_bench.models import check_device, load_model
+    from elastic_bench.modeling.loading import check_device, load_model
 
     device = check_device(cfg.device)
     if cfg.backend != "auto" and cfg.backend not in available_backends(device):
@@ -462,7 +462,7 @@ class _Entry:
             with attention_implementation(self.model, FLOOR_ATTENTION if self.name == "floor" else "sdpa"):
                 yield None
             return
-        from elastic_bench.attention import apply
+        from elastic_bench.modeling.attention import apply
 
         with apply(self.method, self.model, backend=self.cfg.backend) as handle:
             yield handle

@@ -1,4 +1,4 @@
-"""Training the baselines' head gates for any model, on the one training engine (`elastic_bench.training`).
+"""Training the baselines' head gates for any model, on the one training engine (`elastic_bench.training.engine`).
 
 - `duo`: ``elastic-bench train-duo``, DuoAttention's gates α (distillation from the model with full attention).
 - `prulong`: ``elastic-bench train-prulong``, PruLong's hard-concrete masks (LM loss plus a Lagrangian toward a

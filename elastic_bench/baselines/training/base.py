@@ -2,7 +2,8 @@
 
 A trainer subclasses `GateTrainConfig` (its own hyper-parameters and defaults) and `GateObjective` (its loss), and
 calls `run_gate_training`, which locks the output folder, loads and freezes the model, builds the passkey data,
-runs the training engine (`elastic_bench.training.fit`) under `GatedHeads` attention and exports at every checkpoint:
+runs the training engine (`elastic_bench.training.engine.fit`) under `GatedHeads` attention and exports at every
+checkpoint:
 ``full_attention_heads.tsv`` (rows = layers, columns = KV heads: what ``duo_attention pattern=DIR`` and ``prulong
 pattern=DIR`` read) and ``config.json`` (the run's settings, steps done, the data's sources, provenance).
 """
@@ -19,9 +20,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from elastic_bench.distributed import Ranks
-from elastic_bench.files import exclusive, write_json, write_table
-from elastic_bench.training import Objective, RunOptions, RunResult, enable_gradient_checkpointing, fingerprint, fit
+from elastic_bench.foundation.files import exclusive, write_json, write_table
+from elastic_bench.training.distributed import Ranks
+from elastic_bench.training.engine import (
+    Objective,
+    RunOptions,
+    RunResult,
+    enable_gradient_checkpointing,
+    fingerprint,
+    fit,
+)
 
 from ..gates import GATES_FILE
 from .passkeys import PasskeyData, PasskeySamples
@@ -121,7 +129,7 @@ class GateObjective(Objective):
 
 def export(objective: GateObjective, step: int) -> None:
     """Write the gates (``full_attention_heads.tsv``) and ``config.json`` into the output folder."""
-    from elastic_bench.provenance import provenance
+    from elastic_bench.results.provenance import provenance
 
     output = Path(objective.config.output)
     write_table(output / GATES_FILE, objective.gates(), objective.gate_format)
@@ -133,7 +141,7 @@ def export(objective: GateObjective, step: int) -> None:
 
 def load_frozen(config: GateTrainConfig, device: torch.device) -> tuple[nn.Module, Any]:
     """``(model, tokenizer)``: the model loaded on ``device``, parameters frozen."""
-    from elastic_bench.models import load_model
+    from elastic_bench.modeling.loading import load_model
 
     dtype = getattr(torch, config.dtype) if config.dtype else None
     model, tokenizer = load_model(config.model, dtype=dtype, device=device)
@@ -159,9 +167,9 @@ def run_gate_training(config: GateTrainConfig, objective_class: type[GateObjecti
 
 
 def _run(config, objective_class, progress, max_minutes, ranks):
-    from elastic_bench.attention import apply, attention_modules
-    from elastic_bench.models import check_device
-    from elastic_bench.training import shard, training_backend
+    from elastic_bench.modeling.attention import apply, attention_modules
+    from elastic_bench.modeling.loading import check_device
+    from elastic_bench.training.engine import shard, training_backend
 
     from .mixing import GatedHeads
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from elastic_bench.training import all_reduce_sum, autocast
+from elastic_bench.training.engine import all_reduce_sum, autocast
 
 from .base import GateObjective, GateTrainConfig, run_gate_training
 from .mixing import GateRoute
@@ -98,7 +98,7 @@ class DuoObjective(GateObjective):
 
     def __init__(self, config: DuoTrainConfig, model, samples, device, ranks):
         super().__init__(config, model, samples, device, ranks)
-        from elastic_bench.attention import attention_modules
+        from elastic_bench.modeling.attention import attention_modules
 
         layers = len(attention_modules(model))
         self.gate_module = Gates(layers, model.config.num_key_value_heads, config.initial_value).to(device)

@@ -11,7 +11,7 @@ The gates (``α`` or ``z``, ``[L, H]`` per layer and KV head) come with each for
 (a `GateRoute`), which transformers hands to the attention function; a layer recomputed in backward gets the same
 one. The streaming branch uses the trainer's geometry (upstream trains with Block-Sparse-Attention's block
 streaming); on a compiled backend (``flex``) the differentiable branches run on zero-padded inputs of
-`elastic_bench.training.compile_length`.
+`elastic_bench.training.engine.compile_length`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Literal
 
 import torch
 
-from elastic_bench.interface import AttentionCall, Method
 from elastic_bench.kernels import HeadPlan, Mode, StreamingGeometry, hybrid_attention, resolve_backend
+from elastic_bench.modeling.interface import AttentionCall, Method
 
 
 class GateRoute:
@@ -93,7 +93,7 @@ class GatedHeads(Method):
 def _branch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: HeadPlan, scale: float | None,
             backend: str) -> torch.Tensor:
     """A differentiable branch ``[1, Hq, L, D]``; zero-padded to `compile_length` on ``flex``."""
-    from elastic_bench.training import compile_length
+    from elastic_bench.training.engine import compile_length
 
     length = k.shape[2]
     padded = compile_length(length, plan.block_size) if backend == "flex" else length

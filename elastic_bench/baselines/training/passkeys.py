@@ -18,7 +18,8 @@ Upstream ``mit-han-lab/duo-attention``, ``duo_attn/data.py`` (``MultiplePasskeyR
 - Every sample is a pure function of ``(seed, step, slot)``, so a resumed run sees the samples an uninterrupted one
   sees.
 
-Instead of passkeys, ``records`` trains on prompt/answer records (`elastic_bench.records`: e.g. what ``elastic-bench
+Instead of passkeys, ``records`` trains on prompt/answer records (`elastic_bench.training.records`: e.g. what
+``elastic-bench
 testbed data`` writes): each sample is one record, its prompt through the tokenizer's chat template, then the answer,
 whose tokens carry the loss; records are visited in a seeded random order per epoch.
 
@@ -224,8 +225,8 @@ class PasskeySamples(torch.utils.data.Dataset):
 
 def _record_samples(data: PasskeyData, tokenizer) -> list[PasskeySample]:
     """The records of ``data.records`` as samples (chat-template prompt + answer + EOS, at most ``max_length``)."""
-    from elastic_bench.records import read_records, to_example
-    from elastic_bench.training import tokenize
+    from elastic_bench.training.engine import tokenize
+    from elastic_bench.training.records import read_records, to_example
 
     examples = [to_example(r, f"{data.records} record {i + 1}") for i, r in enumerate(read_records(data.records))]
     if not examples:

@@ -33,8 +33,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from elastic_bench.files import write_table
-from elastic_bench.training import TokenizedExample, all_reduce_sum, autocast, pack, row_inputs
+from elastic_bench.foundation.files import write_table
+from elastic_bench.training.engine import TokenizedExample, all_reduce_sum, autocast, pack, row_inputs
 
 from .base import GateObjective, GateTrainConfig, run_gate_training
 from .mixing import GateRoute
@@ -148,8 +148,8 @@ class PruLongObjective(GateObjective):
 
     def __init__(self, config: PruLongTrainConfig, model, samples, device, ranks):
         super().__init__(config, model, samples, device, ranks)
-        from elastic_bench.attention import attention_modules
-        from elastic_bench.training import LossModel
+        from elastic_bench.modeling.attention import attention_modules
+        from elastic_bench.training.engine import LossModel
 
         gen = torch.Generator().manual_seed(config.seed)
         self.masks = Masks(len(attention_modules(model)), model.config.num_key_value_heads, config.init_log_alpha,

@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from elastic_bench.attention import apply, attention_implementation
-from elastic_bench.interface import AttentionCall, Method
 from elastic_bench.kernels import HeadPlan, Mode, StreamingGeometry
+from elastic_bench.modeling.attention import apply, attention_implementation
+from elastic_bench.modeling.interface import AttentionCall, Method
 
 from ..generators import SPECS, Generator, sample_rng
 from ..vocab import Vocab

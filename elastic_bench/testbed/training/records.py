@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from elastic_bench.files import atomic_path
+from elastic_bench.foundation.files import atomic_path
 
 from ..generators import SPECS, Generator, sample_rng
 from ..vocab import build

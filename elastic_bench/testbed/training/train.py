@@ -22,7 +22,8 @@ Design decisions (the recipe, its measurements and the runs behind them: docs/te
   alone, whatever the number of data workers) and, through `deterministic_algorithms`, the kernels. AdamW with fp32
   master weights under bf16 autocast on the GPU; warm-up then cosine decay to 10%.
 - The loop, checkpoints (every `TrainConfig.checkpoint_every` steps, at the end and on a time limit; a rerun with the
-  same output folder resumes), the training state and the log are the training engine's (`elastic_bench.training`);
+  same output folder resumes), the training state and the log are the training engine's
+  (`elastic_bench.training.engine`);
   `TestbedObjective` is this trainer's part of it.
 """
 
@@ -40,9 +41,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from elastic_bench.files import exclusive, write_json
+from elastic_bench.foundation.files import exclusive, write_json
 from elastic_bench.kernels import StreamingGeometry
-from elastic_bench.training import (
+from elastic_bench.training.engine import (
     Objective,
     RunOptions,
     autocast,
@@ -434,7 +435,7 @@ def train(
     Returns:
         The ``TRAINING.json`` record (``complete`` says whether all steps ran).
 
-    The output folder is locked for the run (`elastic_bench.files.exclusive`).
+    The output folder is locked for the run (`elastic_bench.foundation.files.exclusive`).
 
     Raises:
         NotImplementedError: ``config.deterministic`` and an operation has no deterministic kernel on the device.
@@ -575,7 +576,7 @@ class TestbedObjective(Objective):
 def finish(model, vocab: Vocab, config: TrainConfig, output: Path, steps_done: int, seconds: float,
            command: str | None) -> dict[str, Any]:
     """Export the model (bf16 safetensors + tokenizer), evaluate it, and write ``TRAINING.json``."""
-    from elastic_bench.provenance import provenance
+    from elastic_bench.results.provenance import provenance
 
     model.eval()
     device = next(model.parameters()).device

@@ -27,10 +27,10 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from elastic_bench.interface import AttentionCall, Method
 from elastic_bench.kernels import SparsityMeter, pair_counts, resolve_backend, sample_means
 from elastic_bench.kernels.decode import decode_attention
-from elastic_bench.kv_cache import CACHE_KEYWORDS, PackedCache, PackedLayer
+from elastic_bench.modeling.interface import AttentionCall, Method
+from elastic_bench.modeling.kv_cache import CACHE_KEYWORDS, PackedCache, PackedLayer
 
 ATTN_NAME = "elastic_bench"
 _HANDLE = "_elastic_bench_handle"

@@ -38,7 +38,8 @@ It also holds the packed-row data path shared by the trainers of a frozen LLM (`
 - Loss: token cross-entropy summed in `LOSS_CHUNK`-token chunks, each recomputed in backward, so no ``[T, vocab]``
   logits are kept.
 
-Part of the core: imports `elastic_bench.files`, `elastic_bench.distributed` and (lazily) `elastic_bench.tasks`.
+Part of the core: imports `elastic_bench.foundation.files`, `elastic_bench.training.distributed` and (lazily)
+`elastic_bench.tasks`.
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ from typing import Any, Literal, Protocol
 import torch
 from torch import nn
 
-from elastic_bench.distributed import Ranks
-from elastic_bench.files import append_jsonl, atomic_path, read_jsonl, write_json, write_jsonl
+from elastic_bench.foundation.files import append_jsonl, atomic_path, read_jsonl, write_json, write_jsonl
+from elastic_bench.training.distributed import Ranks
 
 STATE_TENSORS = "train_state.safetensors"
 STATE_JSON = "train_state.json"
@@ -664,7 +665,8 @@ class LossModel(nn.Module):
         """Packed row ``input_ids/position_ids/targets [T]``, ``cu_seqlens [N + 1]`` → (summed CE, token count);
         None without targets (a routing-only forward). ``training_route`` (when given) is passed to the model's
         forward as the keyword of that name, which transformers hands down to the attention function
-        (`elastic_bench.interface.AttentionCall.training_route`); a layer recomputed in backward gets it again."""
+        (`elastic_bench.modeling.interface.AttentionCall.training_route`); a layer recomputed in backward gets it
+        again."""
         extra = {} if training_route is None else {"training_route": training_route}
         hidden = self.model.base_model(
             input_ids=input_ids[None], position_ids=position_ids[None], cu_seq_lens_q=cu_seqlens,

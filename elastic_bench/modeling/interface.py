@@ -4,7 +4,7 @@ call into a HeadPlan (after kvpress' presses).
 - A method owns its knobs as dataclass fields; `get_method` builds one and rejects unknown knobs or values of the
   wrong type, naming the closest valid ones.
 - ``setup(model)`` attaches learned state (routers, gates) and loads artifacts; ``teardown(model)`` removes it.
-- ``plan(call)`` is called by the attention glue (`elastic_bench.attention`) for every layer of every forward;
+- ``plan(call)`` is called by the attention glue (`elastic_bench.modeling.attention`) for every layer of every forward;
   `AttentionCall.phase` says whether it is the one-shot prefill, a later prefill chunk, or a decode step. Decode steps
   attend the whole cache by default (`Method.decode_plan`), as the upstream methods do.
 - Learned artifacts are files the method loads, never code.
@@ -22,9 +22,9 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import nn
 
+from elastic_bench.foundation.options import check_value
+from elastic_bench.foundation.registry import Registry, UnknownNameError, did_you_mean
 from elastic_bench.kernels import HeadPlan, hybrid_attention
-from elastic_bench.options import check_value
-from elastic_bench.registry import Registry, UnknownNameError, did_you_mean
 
 Phase = Literal["prefill", "chunk", "decode"]
 

@@ -1,5 +1,5 @@
 """The model's own small operations around attention (norms, the MLP's activation, rotary embeddings) fused by
-``torch.compile`` for the decode steps that `elastic_bench.generation.DecodeGraph` replays.
+``torch.compile`` for the decode steps that `elastic_bench.modeling.generation.DecodeGraph` replays.
 
 At batch 1 a decode step runs each layer's norms, activation and rotary embedding on ``[1, 1, hidden]`` tensors:
 about 45 kernels per layer (an 8B model: about 1,460 per step), most of them element-wise and shorter than their
@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from elastic_bench.attention import attention_modules
+from elastic_bench.modeling.attention import attention_modules
 
 # Inductor rounds each intermediate to the dtype eager would have produced, so fused steps give eager's tokens.
 _OPTIONS = {"emulate_precision_casts": True}

@@ -23,7 +23,7 @@ def _version(package: str) -> str | None:
 @lru_cache(maxsize=1)
 def git_hash() -> str | None:
     """Commit of the elastic-bench checkout (with ``-dirty`` for local changes), or None outside a checkout."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     try:
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
         if commit.returncode:

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from elastic_bench.registry import did_you_mean
+from elastic_bench.foundation.registry import did_you_mean
 
-TESTBED_DIR = Path(__file__).parent / "data" / "testbed"
+TESTBED_DIR = Path(__file__).resolve().parents[1] / "data" / "testbed"
 TINY_ARCHITECTURES = ("qwen3", "llama")
 # Real shapes for speed and memory measurements (random weights).
 RANDOM_PRESETS = {

@@ -25,11 +25,11 @@ from typing import Any, Literal
 import yaml
 
 from elastic_bench import tasks as task_registry
-from elastic_bench.interface import Method, get_method
+from elastic_bench.foundation.options import check_fields, check_value
+from elastic_bench.foundation.registry import did_you_mean
 from elastic_bench.kernels import backend_names
-from elastic_bench.options import check_fields, check_value
-from elastic_bench.registry import did_you_mean
-from elastic_bench.results import Cell
+from elastic_bench.modeling.interface import Method, get_method
+from elastic_bench.results.store import Cell
 
 # Per-sample values averaged into a cell's metrics.
 MEANS = ("omega_msr", "omega_esr", "omega_esr_last_row", "prefill_seconds", "decode_ms_per_token", "kv_bytes",
@@ -131,15 +131,16 @@ class RunConfig:
 def run(config: RunConfig) -> list[dict[str, Any]]:
     """Run every cell of ``config`` not yet complete; return one summary row per cell.
 
-    The output folder is locked for the run (`elastic_bench.files.exclusive`: a second writer stops with the name of
+    The output folder is locked for the run (`elastic_bench.foundation.files.exclusive`: a second writer stops with the
+    name of
     the first); before the model loads, every cell of the run is checked: a cell of another configuration stops the
     run, a cell whose files cannot be trusted (`Cell.verify`) is computed again (``strict``: stops the run).
     """
     import torch
 
-    from elastic_bench.distributed import Ranks
-    from elastic_bench.files import exclusive
-    from elastic_bench.models import load_model, max_positions, model_context, model_dir, model_label
+    from elastic_bench.foundation.files import exclusive
+    from elastic_bench.modeling.loading import load_model, max_positions, model_context, model_dir, model_label
+    from elastic_bench.training.distributed import Ranks
 
     built = config.build_methods()
     task_names = task_registry.expand(config.tasks)
@@ -156,7 +157,7 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
 
     ranks = Ranks.from_env(config.device)
     if config.decode_graphs:
-        from elastic_bench.models import check_device
+        from elastic_bench.modeling.loading import check_device
 
         if check_device(ranks.device(config.device)).type != "cuda":
             raise ValueError("decode_graphs needs a CUDA device")
@@ -212,7 +213,7 @@ def _fingerprint(config: RunConfig, method: Method, source: str) -> dict[str, An
     ``metrics.json``): the model, the method and its options, the SHA-256 of every file the method loads in place of
     the option that names it (a router or gate file is known by what it holds, not by its path), seed, limit and
     dtype."""
-    from elastic_bench.files import digest
+    from elastic_bench.foundation.files import digest
 
     artifacts = {name: digest(path) for name, path in method.artifacts(source).items()}
     options = {k: v for k, v in method.options().items() if k not in artifacts}  # those are known by their digest
@@ -241,8 +242,9 @@ def _check_cell(cell: Cell, fingerprint: dict[str, Any], strict: bool) -> None:
 def _cell_config(config: RunConfig, method: Method, fingerprint: dict[str, Any], context: dict[str, Any], task: str,
                  length: int, n: int) -> dict[str, Any]:
     """What a cell's config.json and metrics.json record of its configuration; ``context`` is the model's context
-    length and rope parameters (`elastic_bench.models.model_context`), recorded beside the fingerprint, not in it."""
-    from elastic_bench.provenance import provenance
+    length and rope parameters (`elastic_bench.modeling.loading.model_context`), recorded beside the fingerprint, not
+    in it."""
+    from elastic_bench.results.provenance import provenance
 
     return {
         **{k: fingerprint[k] for k in ("model", "method_options", "seed", "limit", "dtype")},
@@ -265,8 +267,8 @@ def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunCo
     import torch
     from tqdm.auto import tqdm
 
-    from elastic_bench import generation
-    from elastic_bench.attention import apply
+    from elastic_bench.modeling import generation
+    from elastic_bench.modeling.attention import apply
 
     if ranks.is_main:
         cell.start(_cell_config(config, method, fingerprint, context, task.name, cell.length, len(samples)))
@@ -318,7 +320,7 @@ def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunCo
 
 def _predict(model, tokenizer, task, sample, handle, stop_ids, decode_graphs: bool = False) -> dict[str, Any]:
     """Generate for one sample (and the task's follow-up turns, e.g. chain of thought); its prediction record."""
-    from elastic_bench.generation import greedy_generate
+    from elastic_bench.modeling.generation import greedy_generate
 
     earlier: list[str] = []  # predictions of earlier turns
     while True:

@@ -56,13 +56,13 @@ from lm_eval.models import huggingface
 from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import Collator
 
-from elastic_bench.attention import apply
-from elastic_bench.files import write_json
-from elastic_bench.interface import REGISTRY, get_method
+from elastic_bench.foundation.files import write_json
+from elastic_bench.foundation.options import check_value
+from elastic_bench.foundation.registry import did_you_mean
 from elastic_bench.kernels import Mode, causal_pairs, sample_means
-from elastic_bench.models import check_device, load_model
-from elastic_bench.options import check_value
-from elastic_bench.registry import did_you_mean
+from elastic_bench.modeling.attention import apply
+from elastic_bench.modeling.interface import REGISTRY, get_method
+from elastic_bench.modeling.loading import check_device, load_model
 
 HFLM_ARGS = [name for name in inspect.signature(HFLM.__init__).parameters if name not in ("self", "kwargs")]
 OUR_ARGS = ["method", "kernel_backend"]

@@ -2,7 +2,8 @@
 
 ``import elastic_bench`` calls `register_when_lm_eval_loads`: lm-eval's Python API then knows ``elastic``
 (``lm_eval.simple_evaluate(model="elastic", ...)``) whichever of the two is imported first. The entry is lm-eval's
-lazy ``"module:Class"`` placeholder, so `elastic_bench.lm_eval_bridge` (torch, transformers) loads only when a run
+lazy ``"module:Class"`` placeholder, so `elastic_bench.evaluation.lm_eval_bridge` (torch, transformers) loads only when
+a run
 asks for the model. lm-eval releases that discover plugins read the ``lm_eval.models`` entry point instead
 (``pyproject.toml``).
 """
@@ -14,7 +15,7 @@ from importlib.abc import MetaPathFinder
 from importlib.util import find_spec
 
 MODEL_NAME = "elastic"
-TARGET = "elastic_bench.lm_eval_bridge:ElasticLM"
+TARGET = "elastic_bench.evaluation.lm_eval_bridge:ElasticLM"
 MODEL_TABLE = "lm_eval.models"  # the module whose import registers lm-eval's own models
 
 

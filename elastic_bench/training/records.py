@@ -1,5 +1,5 @@
 """Training records: the two formats a trainer reads, each record an `Example` (tokenised and packed by
-`elastic_bench.training`).
+`elastic_bench.training.engine`).
 
 Record formats (JSONL, one object per line, or parquet; a directory means all its ``*.jsonl`` / ``*.parquet``):
 - plain: ``{"prompt": str, "answer": str, "category": str}`` (what ``elastic-bench testbed data`` writes);

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from elastic_bench.fusion import fused_ops
-from elastic_bench.kv_cache import PackedCache, cache_keyword, returned_cache
+from elastic_bench.modeling.fusion import fused_ops
+from elastic_bench.modeling.kv_cache import PackedCache, cache_keyword, returned_cache
 
 
 @dataclass
@@ -82,7 +82,7 @@ class DecodeGraph:
     (`PackedLayer.newest`), so a replay repeats the step one position further. Capturing runs the step's Python once:
     the cache counts that step then, and `step` counts every later one on the host. The cache must have room for every
     step (`PackedCache.reserve`). Warm up with eager steps first (they compile the kernels), inside
-    `elastic_bench.fusion.fused_ops` when the step should run the model's small operations fused.
+    `elastic_bench.modeling.fusion.fused_ops` when the step should run the model's small operations fused.
     """
 
     def __init__(self, model, cache, position: int):
@@ -117,7 +117,8 @@ def greedy_generate(
     decode steps reuse the KV cache the prefill returned (inside `elastic_bench.apply`, its packed cache). Generation
     stops at a token of ``stop_ids`` (not returned) once ``min_new_tokens`` tokens exist; before that, stop tokens are
     masked out. ``decode_graphs`` (CUDA, batch 1, a packed cache): the decode steps run the model's small operations
-    compiled (`elastic_bench.fusion.fused_ops`), and after two eager decode steps the others replay one CUDA graph of
+    compiled (`elastic_bench.modeling.fusion.fused_ops`), and after two eager decode steps the others replay one CUDA
+    graph of
     the step (`DecodeGraph`).
     """
     from transformers import DynamicCache

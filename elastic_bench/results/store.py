@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from elastic_bench.files import append_jsonl, digest, read_jsonl, write_json, write_jsonl
+from elastic_bench.foundation.files import append_jsonl, digest, read_jsonl, write_json, write_jsonl
 
 
 class Cell:

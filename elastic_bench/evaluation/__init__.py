@@ -1,0 +1,2 @@
+"""Evaluation: the runner that fills a run folder cell by cell (`runner`) and the lm-evaluation-harness bridge
+(`lm_eval_bridge`)."""
