@@ -2,15 +2,13 @@
 
 Public API (imported lazily so that ``elastic_bench.reports`` and the CLI's help need no torch): ``load_model``,
 ``apply``, ``get_method``, ``method_names``, ``register_method``, ``Method``, ``AttentionCall``, and the subpackages
-``kernels``, ``method``, ``tasks``, ``reports``. Importing it also registers the model ``elastic`` with lm-eval's Python
-API, without importing lm-eval (`elastic_bench.evaluation.lm_eval_registration`).
+``kernels``, ``method``, ``tasks``, ``reports``. Importing it has no side effect: lm-eval finds the model ``elastic``
+through the ``lm_eval.models`` entry point, or once `elastic_bench.evaluation.lm_eval_bridge` is imported.
 """
 
 from __future__ import annotations
 
 import importlib
-
-from elastic_bench.evaluation.lm_eval_registration import register_when_lm_eval_loads
 
 __version__ = "0.1.0"
 
@@ -32,5 +30,3 @@ def __getattr__(name: str):
 
 
 __all__ = ["__version__", *_LAZY]
-
-register_when_lm_eval_loads()

@@ -122,32 +122,30 @@ def random_blocks(cfg: KernelBenchConfig, length: int, device, generator):
 
 
 def time_call(fn, device, repeats: int) -> float:
-    """Median milliseconds of ``fn()`` after one warm-up call (see the module doc)."""
+    """Median milliseconds of ``fn()`` after one warm-up call, each call a span of a `DeviceTimer` (see the module
+    doc)."""
     import torch
 
-    if device.type != "cuda":
-        fn()
-        times: list[float] = []
-        while len(times) < 3 or (len(times) < repeats and sum(times) < 1000.0):
-            t = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t) * 1e3)
-        return statistics.median(times)
+    from .timing import DeviceTimer
+
+    timer = DeviceTimer(device)
     fn()
+    if not timer.cuda:
+        while len(timer.spans) < 3 or (len(timer.spans) < repeats and sum(timer.elapsed()) < 1.0):
+            with timer.span():
+                fn()
+        return 1e3 * statistics.median(timer.elapsed())
     torch.cuda.synchronize(device)
-    t = time.perf_counter()
+    t = time.perf_counter()  # the host's wait for one call sets how many calls fit in about a second
     fn()
     torch.cuda.synchronize(device)
     n = max(3, min(repeats, int(1.0 / max(time.perf_counter() - t, 1e-6))))
     flush = torch.empty(2**28, dtype=torch.int8, device=device)  # 256 MiB written before every call: no L2 hits
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-    for start, stop in events:  # queued, no synchronisation in between: device time, host launch work hidden
+    for _ in range(n):  # queued, no synchronisation in between: device time, host launch work hidden
         flush.zero_()
-        start.record()
-        fn()
-        stop.record()
-    torch.cuda.synchronize(device)
-    return statistics.median(start.elapsed_time(stop) for start, stop in events)
+        with timer.span():
+            fn()
+    return 1e3 * statistics.median(timer.elapsed())
 
 
 def _peak_gib(fn, device) -> float | None:

@@ -6,7 +6,7 @@ The registered ``elastic`` method (`elastic_bench.method.elastic`, the adapter t
 applies trained routers at inference; `trainer` trains them on `elastic_bench.training.engine`'s engine.
 
 Public API (imported lazily, so the CLI's help needs no torch): `AttentionRouter`, `RouterBank`, `RouterConfig`,
-`ModeConfig`, `load_routers`, `save_routers`, `TrainConfig`, `TrainResult`, `train`, `synthetic_records`.
+`ModeConfig`, `load_routers`, `save_routers`, `RouterTrainConfig`, `TrainResult`, `train`, `synthetic_records`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ _LAZY = {
     "load_routers": "checkpoint",
     "save_routers": "checkpoint",
     "ModeConfig": "modes",
-    "TrainConfig": "trainer",
+    "RouterTrainConfig": "trainer",
     "TrainResult": "trainer",
     "train": "trainer",
     "synthetic_records": "data",

@@ -9,6 +9,9 @@ Design decisions:
   and its config keys are mapped: ``retrieval_mode``/``toggle_type`` → mode, ``sink_size``, ``local_window_size``
   (code default 1024 when absent), ``block_size``, ``use_softmax`` → number of logits. Its eval code used an
   XAttention threshold of 0.8 (not stored in the config); elastic-bench uses 0.9 unless ``xa_threshold`` is given.
+- A checkpoint is checked as data before any router is built: every config number within `BOUNDS`, the tensors of
+  every layer and only those, each of the shape the config implies, every value finite. A bad file is one ValueError
+  naming the file and its first bad entry.
 - Writes are atomic (`elastic_bench.foundation.files.atomic_path`).
 """
 
@@ -25,13 +28,17 @@ import torch
 from elastic_bench.foundation.options import check_fields
 
 from .modes import ModeConfig
-from .router import AttentionRouter
+from .router import AttentionRouter, Pooling
 
 CONFIG_FILE = "router_config.json"
 WEIGHTS_FILE = "router.safetensors"
 FORMAT_VERSION = 1
 _KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.self_attn\.mask_allocator\.(.+)$")
 _HF_MODES = {("full", "streaming"): "fa-ssa", ("full", "xattn"): "fa-xa", ("xattn", "streaming"): "xa-ssa"}
+BOUNDS = {"num_layers": (1, 1024), "num_kv_heads": (1, 1024), "head_dim": (1, 1024), "hidden_mult": (1, 64),
+          "num_logits": (1, 2), "pool_tokens": (1, 1 << 20)}
+"""Inclusive bounds of a router config's numbers, checked before anything is built: beyond every released model's
+layers, KV heads and head width, and the paper's hidden widths (2 to 8 times the head's)."""
 
 
 @dataclass
@@ -52,7 +59,7 @@ class RouterConfig:
     base_model: str = ""
     hidden_mult: int = 4
     num_logits: int = 2
-    pooling: str = "boundary"
+    pooling: Pooling = "boundary"
     pool_tokens: int = 100
     center_features: bool = False
     attention: ModeConfig = field(default_factory=ModeConfig)
@@ -86,11 +93,7 @@ class RouterBank(torch.nn.Module):
     def __init__(self, config: RouterConfig):
         super().__init__()
         self.config = config
-        self.layers = torch.nn.ModuleList(
-            AttentionRouter(config.head_dim, config.hidden_mult, config.num_logits, config.pooling, config.pool_tokens,
-                            config.num_kv_heads if config.center_features else None)
-            for _ in range(config.num_layers)
-        )
+        self.layers = torch.nn.ModuleList(_router(config) for _ in range(config.num_layers))
 
     def __getitem__(self, layer_idx: int) -> AttentionRouter:
         return self.layers[layer_idx]
@@ -104,21 +107,45 @@ class RouterBank(torch.nn.Module):
         }
 
     def load_hf_state_dict(self, tensors: dict[str, torch.Tensor], source: str) -> None:
-        """Load parameters named as in `hf_state_dict` (other keys are ignored); every router must be complete."""
-        per_layer: dict[int, dict[str, torch.Tensor]] = {}
-        for key, value in tensors.items():
-            match = _KEY.search(key)
-            if match:
-                per_layer.setdefault(int(match.group(1)), {})[match.group(2)] = value
-        if sorted(per_layer) != list(range(len(self.layers))):
-            raise ValueError(
-                f"{source} holds routers for layers {sorted(per_layer)}; expected layers 0..{len(self.layers) - 1}"
-            )
+        """Load parameters named as in `hf_state_dict` (other keys are ignored); every router must be complete
+        (`_check_tensors`)."""
+        per_layer = _check_tensors(self.config, tensors, source)
         for i, router in enumerate(self.layers):
-            try:
-                router.load_state_dict({k: v.float() for k, v in per_layer[i].items()})
-            except RuntimeError as err:
-                raise ValueError(f"{source}: layer {i} router does not match {self.config.layout()}: {err}") from None
+            router.load_state_dict({k: v.float() for k, v in per_layer[i].items()})
+
+
+def _router(config: RouterConfig) -> AttentionRouter:
+    return AttentionRouter(config.head_dim, config.hidden_mult, config.num_logits, config.pooling, config.pool_tokens,
+                           config.num_kv_heads if config.center_features else None)
+
+
+def _check_tensors(config: RouterConfig, tensors: dict[str, torch.Tensor], source: str
+                  ) -> dict[int, dict[str, torch.Tensor]]:
+    """The router tensors of ``tensors`` by layer, checked against ``config`` without building a router: one router per
+    layer ``0..num_layers-1``, each with exactly the parameters and shapes of `AttentionRouter` (a router built on the
+    meta device gives them).
+
+    Raises:
+        ValueError: a layer missing or extra, a parameter missing, extra or of another shape (the first, named).
+    """
+    per_layer: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        match = _KEY.search(key)
+        if match:
+            per_layer.setdefault(int(match.group(1)), {})[match.group(2)] = value
+    if sorted(per_layer) != list(range(config.num_layers)):
+        raise ValueError(f"{source} holds routers for layers {sorted(per_layer)}; expected layers "
+                         f"0..{config.num_layers - 1}")
+    with torch.device("meta"):
+        expected = {name: tuple(p.shape) for name, p in _router(config).state_dict().items()}
+    for i in range(config.num_layers):
+        for name in sorted(expected.keys() | per_layer[i].keys()):
+            found = tuple(per_layer[i][name].shape) if name in per_layer[i] else None
+            if found != expected.get(name):
+                raise ValueError(f"{source}: layer {i} router does not match {config.layout()}: {name} is "
+                                 f"{'missing' if found is None else list(found)}, expected "
+                                 f"{list(expected[name]) if name in expected else 'no such tensor'}")
+    return per_layer
 
 
 def save_routers(bank: RouterBank, directory: str | Path) -> Path:
@@ -145,24 +172,11 @@ def load_routers(path: str | Path, **overrides: Any) -> RouterBank:
 
     Returns:
         A `RouterBank` on the CPU, with its `RouterConfig` in ``bank.config``.
+
+    Raises:
+        FileNotFoundError, ValueError: as `check_router_dir`.
     """
-    path = check_router_dir(path)
-    if (path / CONFIG_FILE).exists():
-        data = _read_json(path / CONFIG_FILE)
-        check_fields(RouterConfig, {k: v for k, v in data.items() if k != "format_version"}, str(path / CONFIG_FILE))
-        try:
-            config = RouterConfig.from_dict(data)
-        except TypeError as err:  # a required key missing
-            raise ValueError(f"{path / CONFIG_FILE} is not a router config written by elastic-bench: {err}") from None
-        tensors = _read_router_tensors([path / WEIGHTS_FILE], str(path))
-    else:
-        tensors = _read_router_tensors(sorted(path.glob("*.safetensors")), str(path))
-        hf = _read_json(path / "config.json")
-        try:
-            config = _config_from_hf(hf, tensors, str(path))
-        except (KeyError, TypeError, AttributeError, ZeroDivisionError) as err:
-            raise ValueError(f"{path / 'config.json'} is not a released Elastic Attention model config "
-                             f"({type(err).__name__}: {err})") from None
+    config, tensors = _read_checkpoint(Path(path))
     if overrides:
         config.attention = ModeConfig(**{**config.attention.to_dict(), **overrides})
     bank = RouterBank(config)
@@ -171,18 +185,55 @@ def load_routers(path: str | Path, **overrides: Any) -> RouterBank:
 
 
 def check_router_dir(path: str | Path) -> Path:
-    """``path`` as a `Path`, checked to be a router checkpoint directory (it holds ``router_config.json``, or the
-    ``config.json`` of a released model) without reading it: what can be checked before a model loads.
+    """``path`` as a `Path`, checked to be a router checkpoint `load_routers` loads, without building a router or
+    loading a model: its config read and within `BOUNDS`, its tensors read and of the config's layers and shapes,
+    every value finite.
 
     Raises:
-        FileNotFoundError: ``path`` is not a directory, or holds neither file.
+        FileNotFoundError: ``path`` is not a directory, holds neither ``router_config.json`` nor the ``config.json`` of
+            a released model, or lacks its weights.
+        ValueError: a file that is not what it should be (one line naming the file and its first bad entry).
     """
-    path = Path(path)
+    _read_checkpoint(Path(path))
+    return Path(path)
+
+
+def _read_checkpoint(path: Path) -> tuple[RouterConfig, dict[str, torch.Tensor]]:
+    """The checked `RouterConfig` and router tensors of checkpoint directory ``path`` (see `check_router_dir`)."""
     if not path.is_dir():
         raise FileNotFoundError(f"router checkpoint {path} is not a directory")
-    if not (path / CONFIG_FILE).exists() and not (path / "config.json").exists():
+    if (path / CONFIG_FILE).exists():
+        file = path / CONFIG_FILE
+        data = _read_json(file)
+        check_fields(RouterConfig, {k: v for k, v in data.items() if k != "format_version"}, str(file))
+        try:
+            config = RouterConfig.from_dict(data)
+        except TypeError as err:  # a required key missing
+            raise ValueError(f"{file} is not a router config written by elastic-bench: {err}") from None
+        _check_bounds(config, file)
+        tensors = _read_router_tensors([path / WEIGHTS_FILE], str(path))
+    elif (path / "config.json").exists():
+        file = path / "config.json"
+        tensors = _read_router_tensors(sorted(path.glob("*.safetensors")), str(path))
+        hf = _read_json(file)
+        try:
+            config = _config_from_hf(hf, tensors, str(path))
+        except (KeyError, TypeError, AttributeError, ZeroDivisionError) as err:
+            raise ValueError(f"{file} is not a released Elastic Attention model config "
+                             f"({type(err).__name__}: {err})") from None
+        _check_bounds(config, file)
+    else:
         raise FileNotFoundError(f"{path} holds neither {CONFIG_FILE} (elastic-bench) nor config.json (released model)")
-    return path
+    _check_tensors(config, tensors, str(path))
+    return config, tensors
+
+
+def _check_bounds(config: RouterConfig, file: Path) -> None:
+    """Refuse a config number outside `BOUNDS` (one line naming ``file`` and the first such key)."""
+    for key, (low, high) in BOUNDS.items():
+        value = getattr(config, key)
+        if not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"{file}: {key} must lie in [{low}, {high}], got {value!r}")
 
 
 def _read_json(file: Path) -> dict[str, Any]:
@@ -207,13 +258,23 @@ def _read_router_tensors(files: list[Path], source: str) -> dict[str, torch.Tens
             with safe_open(str(file), framework="pt") as handle:
                 for key in handle.keys():
                     if _KEY.search(key):
-                        tensors[key] = handle.get_tensor(key)
+                        tensors[key] = _finite(handle.get_tensor(key), file, key)
         except (SafetensorError, OSError, RuntimeError) as err:  # a truncated or corrupt file, or not safetensors
             raise ValueError(f"{file} is not a readable safetensors file ({err}); it may be truncated or "
                              "corrupt") from None
     if not tensors:
         raise ValueError(f"{source} holds no router tensors (*.self_attn.mask_allocator.*)")
     return tensors
+
+
+def _finite(tensor: torch.Tensor, file: Path, key: str) -> torch.Tensor:
+    """``tensor``, checked to hold finite values only (a NaN router sends every head to one side)."""
+    bad = ~torch.isfinite(tensor)
+    if bad.any():
+        index = [int(i) for i in bad.nonzero()[0]]
+        raise ValueError(f"{file} holds a non-finite router weight ({tensor[tuple(index)].item()}) in {key} at "
+                         f"{index}; every router weight must be a finite number")
+    return tensor
 
 
 def _config_from_hf(hf: dict[str, Any], tensors: dict[str, torch.Tensor], source: str) -> RouterConfig:

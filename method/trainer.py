@@ -1,9 +1,8 @@
 """Router training: frozen backbone, trainable routers and Lagrange multipliers; one process or ``torchrun`` + FSDP2.
 
 Paper: https://arxiv.org/abs/2601.17367 §3.2-3.3, Eq. 8, App. D.1 (hyper-parameters). The loop, the resumable
-training state, the log and the packed-row data path are the training engine's (`elastic_bench.training.engine`); this
-module
-is the router objective on top of it.
+training state, the log and the packed-row data path are the training engine's (`elastic_bench.training.engine`),
+which also declares how a run executes (`RunOptions`); this module is the router objective on top of it.
 
 Design decisions:
 - Only the routers and λ train. The backbone's parameters have ``requires_grad=False`` and are never written.
@@ -66,19 +65,16 @@ from .modes import ModeConfig
 from .objective import LagrangeMultipliers, omega_msr, sparsity_penalty
 from .relaxation import gumbel_noise, temperature
 
-# Fields that do not change what is learned; a resumed run may differ in them.
-_RESUMABLE = {"output", "save_every", "device", "backend", "gradient_checkpointing", "eval_samples"}
-
 
 @dataclass
-class TrainConfig:
-    """Router-training configuration (defaults: the paper's App. D.1 and the official training's values).
+class RouterTrainConfig:
+    """What router training learns (defaults: the paper's App. D.1 and the official training's values); how a run
+    executes is `RunOptions`.
 
     Attributes:
         model: base model spec (``tiny:qwen3``, ``testbed``, a path or hub id); frozen during training.
         data: training records (a JSONL/parquet file or a directory of them, `elastic_bench.method.data`) or
             ``"synthetic"`` (`synthetic_records`).
-        output: output directory (routers, log, training state); a rerun with the same one resumes.
         steps: optimizer steps.
         rows_per_step: packed rows per optimizer step, over all ranks (a multiple of the number of ranks); 24 as the
             official script's global batch (6 accumulation steps × 8 GPUs, sequence parallelism 2).
@@ -123,13 +119,11 @@ class TrainConfig:
         device: where the backbone runs; None: CUDA when available (one GPU per rank under ``torchrun``).
         dtype: the backbone's dtype (``bfloat16``, ``float16``, ``float32``); None: bf16 on CUDA, fp32 on CPU.
         seed: router initialisation, λ initialisation, row order and Gumbel noise.
-        save_every: steps between checkpoints.
         eval_samples: prompts per category for the final hard-ΩMSR evaluation.
     """
 
     model: str = "tiny:qwen3"
     data: str = "synthetic"
-    output: str = "runs/router"
     steps: int = 300
     rows_per_step: int = 24
     pack_tokens: int = 65536
@@ -163,7 +157,6 @@ class TrainConfig:
     device: str | None = None
     dtype: str | None = None
     seed: int = 0
-    save_every: int = 50
     eval_samples: int = 16
 
     def __post_init__(self):
@@ -184,7 +177,6 @@ class TrainConfig:
             "relaxation must be 'softmax' or 'sigmoid'": self.relaxation in ("softmax", "sigmoid"),
             "train_pooling must be 'boundary', 'mean' or None": self.train_pooling in (None, "boundary", "mean"),
             "dtype must be bfloat16, float16 or float32": self.dtype in (None, "bfloat16", "float16", "float32"),
-            "save_every must be >= 1": self.save_every >= 1,
             "seed must be >= 0": self.seed >= 0,
         }
         failed = [message for message, ok in checks.items() if not ok]
@@ -209,27 +201,26 @@ class TrainResult:
 
 
 def train(
-    config: TrainConfig, progress: bool = True, loaded: tuple[nn.Module, Any] | None = None,
-    max_minutes: float | None = None,
+    config: RouterTrainConfig, options: RunOptions, loaded: tuple[nn.Module, Any] | None = None
 ) -> TrainResult:
-    """Train routers as configured; resumes from ``config.output`` when it holds a run of the same configuration.
+    """Train routers as configured into ``options.output``; resumes from it when it holds a run of the same
+    configuration.
 
     Args:
-        config: the run.
-        progress: show a progress bar (rank 0).
+        config: what is learned.
+        options: how the run executes (folder, checkpoint interval, time limit: when it is up, the final evaluation
+            does not run; progress bar on rank 0).
         loaded: an already loaded ``(model, tokenizer)`` of ``config.model`` to use instead of loading it (single
             process); its parameters are frozen in place and never modified.
-        max_minutes: stop after this many minutes of training, after a checkpoint (`RunOptions.max_minutes`); the
-            final evaluation then does not run.
 
     The output folder is locked for the run (`elastic_bench.foundation.files.exclusive`).
     """
     ranks = Ranks.from_env(config.device)
-    with exclusive(config.output, "elastic-bench train-router", enabled=ranks.is_main):
-        return _train(config, progress, loaded, max_minutes, ranks)
+    with exclusive(options.output, "elastic-bench train-router", enabled=ranks.is_main):
+        return _train(config, options, loaded, ranks)
 
 
-def _train(config: TrainConfig, progress: bool, loaded: tuple[nn.Module, Any] | None, max_minutes: float | None,
+def _train(config: RouterTrainConfig, options: RunOptions, loaded: tuple[nn.Module, Any] | None,
            ranks: Ranks) -> TrainResult:
     from elastic_bench.modeling.attention import apply
     from elastic_bench.modeling.loading import load_model
@@ -249,7 +240,7 @@ def _train(config: TrainConfig, progress: bool, loaded: tuple[nn.Module, Any] | 
     if config.gradient_checkpointing:
         enable_gradient_checkpointing(model)
 
-    categories, rows, eval_rows = _data(config, tokenizer, progress and ranks.is_main)
+    categories, rows, eval_rows = _data(config, tokenizer, options.progress and ranks.is_main)
     layers, kv_heads, head_dim = model_layout(model)
     gen = torch.Generator().manual_seed(config.seed)
     bank = RouterConfig(
@@ -270,14 +261,11 @@ def _train(config: TrainConfig, progress: bool, loaded: tuple[nn.Module, Any] | 
     loss_model = LossModel(model)
     if ranks.world_size > 1:
         shard(loss_model, model, device)
-    objective = RouterObjective(config, bank, lambdas, loss_model, rows, categories, (layers, kv_heads), device,
-                                ranks)
-    options = RunOptions(output=config.output, save_every=config.save_every, max_minutes=max_minutes,
-                         progress=progress)
+    objective = RouterObjective(config, options.output, bank, lambdas, loss_model, rows, categories,
+                                (layers, kv_heads), device, ranks)
     with apply(method, model, backend=backend) as handle:
         objective.handle = handle
-        run = fit(objective, options, config.steps, fingerprint(config.to_dict(), _RESUMABLE), ranks,
-                  desc="train-router")
+        run = fit(objective, options, config.steps, fingerprint(config.to_dict()), ranks, desc="train-router")
     trainable = list(objective.replicated)
     replica_diff = replica_divergence(trainable, ranks)
     if replica_diff:
@@ -301,7 +289,8 @@ class RouterObjective(Objective):
     cross-entropy plus the per-category Lagrangian on its samples' ΩMSR, divided by ``rows_per_step``.
 
     Args:
-        config: the run.
+        config: what is learned.
+        output: the run's folder, where the routers are exported.
         bank, lambdas: the routers and λ (trained; replicated over ranks).
         loss_model: the frozen backbone with its loss (`LossModel`, FSDP2-sharded under ``torchrun``).
         rows: the packed training rows.
@@ -313,10 +302,10 @@ class RouterObjective(Objective):
     ``handle`` (the `elastic_bench.modeling.attention.apply` handle of the `Elastic` method) is set before `fit` runs.
     """
 
-    def __init__(self, config: TrainConfig, bank: RouterBank, lambdas: LagrangeMultipliers, loss_model: LossModel,
-                 rows: list[PackedRow], categories: list[str], layout: tuple[int, int], device: torch.device,
-                 ranks: Ranks):
-        self.config, self.bank, self.lambdas, self.loss_model = config, bank, lambdas, loss_model
+    def __init__(self, config: RouterTrainConfig, output: str, bank: RouterBank, lambdas: LagrangeMultipliers,
+                 loss_model: LossModel, rows: list[PackedRow], categories: list[str], layout: tuple[int, int],
+                 device: torch.device, ranks: Ranks):
+        self.config, self.output, self.bank, self.lambdas, self.loss_model = config, output, bank, lambdas, loss_model
         self.categories, self.layers, self.device, self.ranks = categories, layout[0], device, ranks
         self.modules = {"routers": bank, "lambdas": lambdas}
         self.optimizer = torch.optim.AdamW(
@@ -408,14 +397,14 @@ class RouterObjective(Objective):
             **({"replica_max_abs_diff": replica_diff} if replica_diff is not None else {}),
             **provenance(next(self.bank.parameters()).device),
         }
-        save_routers(self.bank, self.config.output)
+        save_routers(self.bank, self.output)
 
 
 class RowBatches(torch.utils.data.Dataset):
     """Item ``s``: this rank's micro-batches of step ``s``, ``[(row, noise [N, L, H, 2])]`` for the row slots
     ``rank, rank + world_size, …`` of ``rows_per_step`` (rows by `_row_index`, noise by `_noise_generator`)."""
 
-    def __init__(self, config: TrainConfig, rows: list[PackedRow], layout: tuple[int, int], ranks: Ranks):
+    def __init__(self, config: RouterTrainConfig, rows: list[PackedRow], layout: tuple[int, int], ranks: Ranks):
         self.config, self.rows, self.layout, self.ranks = config, rows, layout, ranks
 
     def __len__(self) -> int:
@@ -463,7 +452,7 @@ def feature_means(model: nn.Module, bank, rows: list[PackedRow], num_categories:
         router.feature_mean.copy_(mean[layer].float())
 
 
-def lr_factor(step: int, config: TrainConfig) -> float:
+def lr_factor(step: int, config: RouterTrainConfig) -> float:
     """Linear warm-up over ``warmup·steps`` steps, then cosine decay to ``min_lr_ratio``."""
     warm = math.ceil(config.warmup * config.steps)
     if step < warm:
@@ -489,7 +478,7 @@ def evaluate_routing(handle, loss_model: LossModel, rows: list[PackedRow], categ
 # ---- data ----------------------------------------------------------------------------------------------------------
 
 
-def _data(config: TrainConfig, tokenizer, progress: bool) -> tuple[list[str], list[PackedRow], list[PackedRow]]:
+def _data(config: RouterTrainConfig, tokenizer, progress: bool) -> tuple[list[str], list[PackedRow], list[PackedRow]]:
     if config.data == "synthetic":
         records = synthetic_records(config.synthetic_samples, config.synthetic_length, config.seed)
         examples = [to_example(r) for r in records]
@@ -506,7 +495,7 @@ def _data(config: TrainConfig, tokenizer, progress: bool) -> tuple[list[str], li
     return categories, rows, pack(prompts, config.pack_tokens, config.loss_tokens)
 
 
-def _row_index(step: int, slot: int, num_rows: int, config: TrainConfig) -> int:
+def _row_index(step: int, slot: int, num_rows: int, config: RouterTrainConfig) -> int:
     """Row of the ``slot``-th position of ``step`` in a stream of seeded per-epoch permutations."""
     position = step * config.rows_per_step + slot
     epoch, offset = divmod(position, num_rows)

@@ -1,6 +1,6 @@
 """Reports: run folders → tables, plots and pages a reader of the field looks for (no torch).
 
-Reads the result files of `elastic_bench.results.store` only. Public API:
+Reads run folders through the results store (`elastic_bench.results.store`) only. Public API:
 
 - `load_cells(run_dir, run="")`: the cells of a run folder (`CellResult`, their samples `SampleResult` read on use);
 - `summarize(cells)`: one `Comparison` per model, its method configurations (`Config`) on the cells all completed,

@@ -1,8 +1,10 @@
-"""The cells of a run folder: every ``<model>/<method>/<task>/<length>/metrics.json`` under it.
+"""The cells of a run folder, read through the results store (`elastic_bench.results.store`: its folder layout, its
+files, its proof check).
 
 Design decisions:
-- A complete cell is reported only if its ``predictions.jsonl`` is the one its ``metrics.json`` was computed from (the
-  SHA-256 it records); otherwise it is listed as failed, with the reason.
+- A complete cell is reported only if it proves itself as the runner requires before it skips a cell
+  (`elastic_bench.results.store.Cell.verify`: its predictions are those its ``metrics.json`` was computed from);
+  otherwise it is listed as failed, with the reason.
 - Per-sample records (`SampleResult`) are read on first use: tables need only the cell means, the paired bootstrap
   and the routing maps need the samples.
 - The task's official breakdowns (``score_<name>`` keys of ``metrics.json``: LongBench-E's length buckets,
@@ -11,14 +13,13 @@ Design decisions:
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from elastic_bench.foundation.files import digest, read_jsonl
+from elastic_bench.results.store import Cell, finished
 
 
 @dataclass(frozen=True)
@@ -42,13 +43,16 @@ class SampleResult:
 class CellResult:
     """One (model, method, task, length) cell as written by the runner.
 
-    ``method`` is the result folder's name (a method and its changed options); ``method_name`` the registered
-    method and ``options`` all its options; ``score`` is the task's official score in percent and ``breakdown`` its
-    official sub-scores (``{"0-4k": 41.2, ...}``, percent); ``omega_msr`` / ``omega_esr`` are the cell means of the
-    per-sample sparsity; ``prefill_seconds`` the median prefill time per sample (the mean for cells that record no
-    median); ``device`` and ``backend`` say where and on which attention kernel the prefills ran; ``versions``,
-    ``git_hash`` and ``date`` where the cell was computed. ``error`` is set for failed cells, whose numbers are NaN.
-    ``run`` names the run folder among several (`elastic-bench compare`), ``path`` is the cell's folder.
+    ``method`` is the result folder's name (a method and its changed options); ``method_name`` the registered method and
+    ``options`` all its options; ``score`` is the task's official score in percent and ``breakdown`` its official
+    sub-scores (``{"0-4k": 41.2, ...}``, percent); ``omega_msr`` / ``omega_esr`` are the cell means of the per-sample
+    sparsity; ``prefill_seconds`` the median prefill time per sample of the prompts timed alone (batch 1; the mean for
+    cells that record no median); ``samples_per_second`` the generation throughput of the prompts run batched, at
+    ``batch_size`` (NaN for a cell run at batch 1): a throughput, never a prefill time; ``device`` and ``backend`` say
+    where and on which attention kernel the prefills ran; ``artifacts`` the learned files the method loaded, by option
+    name, as SHA-256 digests (``{"router": "818e…"}``); ``versions``, ``git_hash``, ``source_digest`` and ``date`` where
+    and from which code the cell was computed. ``error`` is set for failed cells, whose numbers are NaN. ``run`` names
+    the run folder among several (`elastic-bench compare`), ``cell`` is the cell in the results store.
     """
 
     model: str
@@ -61,17 +65,21 @@ class CellResult:
     omega_esr: float
     prefill_seconds: float
     num_samples: int
+    samples_per_second: float = math.nan
+    batch_size: int = 1
     error: str | None = None
     device: str = ""
     backend: str = ""
     method_name: str = ""
     options: dict[str, Any] = field(default_factory=dict, compare=False)
+    artifacts: dict[str, str] = field(default_factory=dict, compare=False)
     breakdown: dict[str, float] = field(default_factory=dict, compare=False)
     versions: dict[str, str] = field(default_factory=dict, compare=False)
     git_hash: str = ""
+    source_digest: str = ""
     date: str = ""
     run: str = ""
-    path: Path | None = None
+    cell: Cell | None = field(default=None, compare=False)
 
     @property
     def complete(self) -> bool:
@@ -80,9 +88,9 @@ class CellResult:
     @cached_property
     def samples(self) -> list[SampleResult]:
         """The cell's scored samples (read from ``predictions.jsonl`` once; [] for a failed cell)."""
-        if not self.complete or self.path is None:
+        if not self.complete or self.cell is None:
             return []
-        return [_sample(record) for record in read_jsonl(self.path / "predictions.jsonl")]
+        return [_sample(record) for record in self.cell.predictions()]
 
 
 def _sample(record: dict[str, Any]) -> SampleResult:
@@ -103,23 +111,16 @@ def _number(metrics: dict[str, Any], key: str) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
 
 
-def _proves_itself(cell: Path, metrics: dict[str, Any]) -> bool:
-    recorded = metrics.get("predictions_sha256")
-    predictions = cell / "predictions.jsonl"
-    return isinstance(recorded, str) and predictions.is_file() and digest(predictions) == recorded
-
-
-def _cell(root: Path, path: Path, run: str) -> CellResult:
-    model, method, task, length = path.relative_to(root).parts[:4]
-    metrics = json.loads(path.read_text())
-    if not isinstance(metrics, dict):
-        raise TypeError(f"a JSON object was expected, got {type(metrics).__name__}")
+def _result(cell: Cell, run: str) -> CellResult:
+    metrics = cell.metrics()
+    if metrics is None:
+        raise ValueError("not a JSON object")
     status, error = str(metrics["status"]), metrics.get("error")
-    if status == "complete" and not _proves_itself(path.parent, metrics):
-        status, error = "failed", ("its predictions.jsonl is not the one its metrics.json was computed from "
-                                   "(rerun the run to compute the cell again)")
+    if status == "complete" and (reason := cell.verify()) is not None:
+        status, error = "failed", f"{reason} (rerun the run to compute the cell again)"
+    fingerprint = metrics.get("fingerprint") if isinstance(metrics.get("fingerprint"), dict) else {}
     return CellResult(
-        model=model, method=method, task=task, length=int(length),
+        model=cell.model, method=cell.method, task=cell.task, length=cell.length,
         status=status,
         score=_number(metrics, "score"),
         omega_msr=_number(metrics, "omega_msr"),
@@ -127,41 +128,47 @@ def _cell(root: Path, path: Path, run: str) -> CellResult:
         prefill_seconds=_number(metrics, "prefill_seconds_median" if "prefill_seconds_median" in metrics
                                 else "prefill_seconds"),
         num_samples=int(metrics.get("num_samples") or 0),
+        samples_per_second=_number(metrics, "samples_per_second"),
+        batch_size=int(metrics.get("batch_size_used") or 1),
         error=str(error) if error is not None else None,
         device=str(metrics.get("device") or ""),
         backend=str(metrics.get("backend_used") or ""),
-        method_name=str(metrics.get("method") or method.split("-")[0]),
+        method_name=str(metrics.get("method") or cell.method.split("-")[0]),
         options=dict(metrics.get("method_options") or {}),
+        artifacts={str(k): str(v) for k, v in (fingerprint.get("artifacts") or {}).items()},
         breakdown={k.removeprefix("score_"): _number(metrics, k) for k in metrics if k.startswith("score_")},
         versions={str(k): str(v) for k, v in (metrics.get("versions") or {}).items()},
         git_hash=str(metrics.get("git_hash") or ""),
+        source_digest=str(metrics.get("source_digest") or ""),
         date=str(metrics.get("date") or ""),
         run=run,
-        path=path.parent,
+        cell=cell,
     )
 
 
 def load_cells(run_dir: str | Path, run: str = "") -> list[CellResult]:
-    """Every cell under ``run_dir`` (``metrics.json`` files at depth 4), sorted by model, method, task and length.
+    """Every finished cell under ``run_dir`` (`elastic_bench.results.store.finished`), sorted by model, method, task
+    and length.
 
     Cells still running (a folder without ``metrics.json``) are not results yet and are left out. ``run`` names the
     run in a comparison of several (`CellResult.run`).
 
     Raises:
         FileNotFoundError: ``run_dir`` does not exist.
-        ValueError: a ``metrics.json`` is not the runner's JSON, or ``run_dir`` holds no cell at all.
+        ValueError: a ``metrics.json`` is not the runner's JSON or lies outside a cell's folder, or ``run_dir`` holds no
+            cell at all.
     """
     root = Path(run_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"no run folder at {root}")
     cells = []
-    for path in sorted(root.glob("*/*/*/*/metrics.json")):
+    for cell in finished(root):
         try:
-            cells.append(_cell(root, path, run))
-        except (KeyError, ValueError, TypeError) as err:  # JSON and UTF-8 decode errors are ValueErrors
+            cells.append(_result(cell, run))
+        except (KeyError, ValueError, TypeError) as err:
             detail = f"no {err}" if isinstance(err, KeyError) else str(err)
-            raise ValueError(f"{path} is not a cell's metrics.json written by `elastic-bench run` ({detail}); "
-                             "rerun the cell or delete its folder") from None
+            raise ValueError(f"{cell.metrics_path} is not a cell's metrics.json written by `elastic-bench run` "
+                             f"({detail}); rerun the cell or delete its folder") from None
     if not cells:
         raise ValueError(f"{root} holds no results (expected <model>/<method>/<task>/<length>/metrics.json)")
     return cells

@@ -1,9 +1,12 @@
-"""Readable names of method configurations: ``duo_attention (s=0.7)`` for the result folder
-``duo_attention-pattern=%2F…%2FMeta-Llama-3.1-8B-Instruct-sparsity=0.7``.
+"""Readable names of method configurations: ``duo_attention (pattern=Meta-Llama-3.1-8B-Instruct, s=0.7)`` for the
+result folder ``duo_attention-pattern=%2F…%2FMeta-Llama-3.1-8B-Instruct-sparsity=0.7``, ``elastic
+(router=sensitive_0.6)`` for ``elastic-router=sensitive_0.6``.
 
 Design decisions:
-- A label is the method's name plus the options its folder name records (those that differ from their defaults), in
-  the folder's order; a file path shows its last component only, never an absolute path.
+- A label is the method's name plus the options its folder name records (those that differ from their defaults, the
+  runner's `Method.label`), in the folder's order, with their values from the cell's options where it records them
+  and from the folder's name otherwise (a learned file, known to the cell by its digest, keeps the name it was given);
+  a file path shows its last component only, never an absolute path.
 - A few long option names have a short form (`SHORT`); the legend table of a report keeps every option in full.
 - Two configurations that would share a label get their folder names instead (still without absolute paths).
 """
@@ -29,20 +32,34 @@ def show_value(value: Any) -> str:
     return text
 
 
+def folder_options(folder: str, method_name: str) -> dict[str, str]:
+    """The ``key=value`` pairs that a result folder's name records after the method's name, in its order, decoded
+    (the runner writes ``/`` in a value as ``%2F``); {} for a folder not named ``name-key=value-...``."""
+    if not folder.startswith(f"{method_name}-"):
+        return {}
+    found = {}
+    for pair in re.split(r"-(?=[A-Za-z_][A-Za-z0-9_]*=)", folder[len(method_name) + 1:]):
+        key, sep, value = pair.partition("=")
+        if not sep:
+            return {}
+        found[key] = unquote(value)
+    return found
+
+
 def changed_options(folder: str, method_name: str, options: dict[str, Any]) -> dict[str, Any]:
-    """The options that the result folder's name records (``name-key=value-...``), in its order, with their values
-    from ``options`` (the folder encodes ``/`` as ``%2F``; the options hold the values themselves)."""
-    rest = unquote(folder[len(method_name):]) if folder.startswith(method_name) else unquote(folder)
-    found = sorted((rest.find(f"-{key}="), key) for key in options if f"-{key}=" in rest)
-    return {key: options[key] for _, key in found}
+    """The options that the result folder's name records, in its order, with their values from ``options`` where
+    they are there (the folder's text otherwise)."""
+    return {key: options.get(key, value) for key, value in folder_options(folder, method_name).items()}
 
 
 def short_label(folder: str, method_name: str, options: dict[str, Any]) -> str:
     """``name (k=v, ...)`` of one configuration, e.g. ``streaming (sink=16, local=256)``; the folder's name, paths
-    shortened, when its options are unknown (results written without ``method_options``)."""
+    shortened, when it is not named after the method."""
+    if folder == method_name:
+        return method_name
     changed = changed_options(folder, method_name, options)
     if not changed:
-        return method_name if folder == method_name else folder_label(folder)
+        return folder_label(folder)
     return f"{method_name} (" + ", ".join(f"{SHORT.get(k, k)}={show_value(v)}" for k, v in changed.items()) + ")"
 
 

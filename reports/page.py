@@ -52,6 +52,7 @@ details{margin:.3em 0}summary{cursor:pointer}
 {% if g.plots %}<div class="plots">{% for p in g.plots %}<figure id="{{ p.id }}">
 <img src="data:image/png;base64,{{ p.data }}" alt="{{ p.title }}">
 <figcaption>{{ p.caption }}</figcaption></figure>{% endfor %}</div>{% endif %}
+{% for n in g.notes %}<p class="note">{{ n }}</p>{% endfor %}
 {% endfor %}
 {% if s.cells %}<h3 id="{{ s.id }}-cells">Excluded and failed cells</h3>
 {% for title, folds in s.cells %}<h4>{{ title }}</h4>

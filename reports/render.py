@@ -5,7 +5,10 @@ Design decisions:
 - Both files show the same tables in the same order, grouped under the same headings: summary and frontiers,
   adaptive sparsity and routing, one group per benchmark, paired differences, configurations (the legend of
   labels), then the excluded and failed cells, failures folded once per distinct error message.
-- Provenance (versions, git hashes, devices, backends, dates) is read from the cells' ``metrics.json``.
+- Provenance (versions, git hashes with their ``-dirty`` mark, source digests, devices, backends, dates) is read
+  from the cells' ``metrics.json``.
+- Where the prefill times do not measure attention (`summary.timing_note`), the speedup frontier's place holds the
+  sentence that says why, in both files.
 - Every file is written atomically (`elastic_bench.foundation.files`).
 """
 
@@ -26,17 +29,18 @@ from .collect import CellResult
 from .labels import folder_label
 from .page import TEMPLATE
 from .summary import Comparison
-from .tables import Table, slug
+from .tables import Table, escape, slug
 
 
 @dataclass
 class Group:
-    """Tables and plots under one heading."""
+    """Tables, plots and notes (sentences shown after the plots) under one heading."""
 
     id: str
     heading: str
     tables: list[Table] = field(default_factory=list)
     plots: list[plots.Plot] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 def groups(comparison: Comparison) -> list[Group]:
@@ -47,7 +51,8 @@ def groups(comparison: Comparison) -> list[Group]:
     if not comparison.keys:  # no cell that every configuration completed: only the legend
         return [Group(f"{base}-configurations", "Configurations", [tables.legend(comparison)])]
     summary = Group(f"{base}-summary", "Summary and Pareto frontiers", [tables.overview(comparison)],
-                    [plots.frontier(comparison, f.axis, base) for f in comparison.frontiers])
+                    [plots.frontier(comparison, f.axis, base) for f in comparison.frontiers],
+                    [comparison.speedup_note] if comparison.speedup_note else [])
     if (by_runs := tables.methods_by_runs(comparison)) is not None:
         summary.tables.append(by_runs)
     routers = [c for c in comparison.configs if c.routes_per_prompt]
@@ -95,13 +100,21 @@ def comparable(comparison: Comparison) -> str:
             f"{', '.join(tasks) or '–'} at {', '.join(map(str, lengths)) or '–'} tokens.")
 
 
+def short_hash(git_hash: str) -> str:
+    """A commit as the report shows it: 12 hex digits, and ``-dirty`` where the checkout had local changes."""
+    commit = git_hash.removesuffix("-dirty")
+    return commit[:12] + git_hash[len(commit):]
+
+
 def provenance(comparisons: list[Comparison]) -> Table:
-    """Where the results come from: every distinct version, git hash, device, backend, and the dates, of the cells."""
+    """Where the results come from: every distinct version, git hash, source digest, device, backend, and the dates,
+    of the cells."""
     cells = [c for comparison in comparisons for c in [*comparison.cells, *comparison.excluded]]
     rows: dict[str, str] = {}
     for key in sorted({k for c in cells for k in c.versions}):
         rows[key] = ", ".join(sorted({c.versions[key] for c in cells if key in c.versions}))
-    for name, values in (("git hash", {c.git_hash[:12] for c in cells}), ("device", {c.device for c in cells}),
+    for name, values in (("git hash", {short_hash(c.git_hash) for c in cells}),
+                         ("source digest", {c.source_digest for c in cells}), ("device", {c.device for c in cells}),
                          ("backend", {c.backend for c in cells}), ("run", {c.run for c in cells})):
         if values - {""}:
             rows[name] = ", ".join(sorted(values - {""}))
@@ -116,21 +129,26 @@ Built = list[tuple[Comparison, list[Group]]]  # each comparison with its `groups
 
 
 def render_markdown(built: Built, source: str, stamp: str) -> str:
-    """``report.md``: the tables (tabulate) and links to the PNG plots written beside it."""
-    lines = ["# elastic-bench report", "", f"Results: `{source}` · generated {stamp}", "", "## Provenance", "",
+    """``report.md``: the tables (tabulate) and links to the PNG plots written beside it; every text that comes from
+    the results (names, fields, error messages) escaped (`tables.escape`), as the HTML page escapes it."""
+    lines = ["# elastic-bench report", "", f"Results: `{escape(source)}` · generated {stamp}", "", "## Provenance", "",
              provenance([c for c, _ in built]).markdown(), ""]
     for comparison, found in built:
-        lines += [f"## {comparison.title}", ""]
-        lines += [comparable(comparison) if comparison.keys else "No cell that every configuration completed.", ""]
+        lines += [f"## {escape(comparison.title)}", ""]
+        lines += [escape(comparable(comparison)) if comparison.keys else "No cell that every configuration completed.",
+                  ""]
         for group in found:
-            lines += [f"### {group.heading}", ""]
+            lines += [f"### {escape(group.heading)}", ""]
             for table in group.tables:
-                lines += [f"**{table.title}**", "", table.markdown(), ""] + ([table.note, ""] if table.note else [])
+                lines += [f"**{escape(table.title)}**", "", table.markdown(), ""]
+                lines += [escape(table.note), ""] if table.note else []
             for plot in group.plots:
-                lines += [f"![{plot.title}]({plot.id}.png)", "", plot.caption, ""]
+                lines += [f"![{escape(plot.title)}]({plot.id}.png)", "", escape(plot.caption), ""]
+            for note in group.notes:
+                lines += [escape(note), ""]
         for title, folds in cell_folds(comparison):
-            lines += [f"**{title}**", ""]
-            lines += [f"- {message}: {', '.join(cells)}" for message, cells in folds] + [""]
+            lines += [f"**{escape(title)}**", ""]
+            lines += [f"- {escape(message)}: {escape(', '.join(cells))}" for message, cells in folds] + [""]
     return "\n".join(lines)
 
 
@@ -149,7 +167,7 @@ def render_html(built: Built, source: str, stamp: str) -> str:
         sections.append({
             "id": slug(comparison.title), "title": comparison.title,
             "comparable": comparable(comparison) if comparison.keys else "No cell that every configuration completed.",
-            "groups": [{"id": g.id, "heading": g.heading,
+            "groups": [{"id": g.id, "heading": g.heading, "notes": g.notes,
                         "tables": [{"id": t.id, "title": t.title, "note": t.note, **_html_table(t)}
                                    for t in g.tables],
                         "plots": [{"id": p.id, "title": p.title, "caption": p.caption,

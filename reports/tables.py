@@ -5,7 +5,7 @@ Design decisions:
 - Every table is computed from one long frame of the comparable cells (`cell_frame`: a row per configuration and
   cell) with pandas ``pivot_table`` / ``groupby``; means weigh cells equally, as the summaries do.
 - Numbers are formatted per kind of value, the same everywhere (`FORMATS`): scores in percent with 2 decimals,
-  sparsities and seconds with 3, speedups with 2; a missing value is ``–``.
+  sparsities and seconds with 3, speedups and throughputs with 2; a missing value is ``–``.
 - Per benchmark: score, ΩMSR and ΩESR per task (tasks as rows, configurations as columns) with the category means
   and the benchmark's average, and the benchmark's breakdown per configuration (`benchmarks.Benchmark`); RULER adds
   its task × length matrix with the average per length.
@@ -13,6 +13,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import html
 import math
 import re
 from dataclasses import dataclass, field
@@ -20,16 +21,19 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from .benchmarks import benchmark_of
-from .labels import folder_label, show_value
+from .labels import folder_label, folder_options, show_value
 from .summary import BASELINE, Comparison
 
 FORMATS = {"score": "{:.2f}", "sparsity": "{:.3f}", "seconds": "{:.3f}", "speedup": "{:.2f}", "delta": "{:+.2f}",
-           "count": "{:.0f}", "text": "{}"}
+           "count": "{:.0f}", "throughput": "{:.2f}", "text": "{}"}
 """How each kind of value prints."""
 
+BATCHED_NOTE = ("samples/s (batched): prompts generated per second (prefill and decode) by the prompts a cell ran in "
+                "batches of the size shown, a throughput; prefill times and speedups come from the prompts timed "
+                "alone (batch 1) only.")
+
 FRONTIER_NAMES = {"omega_esr": "ΩESR", "speedup": "speedup"}
-CAVEAT = ("* timed on the CPU or on the `reference` backend: masked attention costs more than dense there, so this "
-          "speedup does not measure kernel speed.")
+DIGEST_CHARS = 8  # a learned file's SHA-256 as the legend shows it
 
 
 @dataclass
@@ -53,10 +57,19 @@ class Table:
         return out
 
     def markdown(self) -> str:
-        """A Markdown pipe table (tabulate), numbers aligned right."""
+        """A Markdown pipe table (tabulate), numbers aligned right; row names, headers and values escaped
+        (`escape`)."""
         shown = self.formatted()
         align = ["left"] + ["left" if self.kinds.get(c, self.kind) == "text" else "right" for c in shown.columns]
+        shown = shown.map(escape).rename(index=escape, columns=escape)
+        shown.index.name = shown.index.name and escape(shown.index.name)
         return shown.to_markdown(disable_numparse=True, colalign=align)
+
+
+def escape(text) -> str:
+    """``text`` with the characters HTML gives a meaning (``&``, ``<``, ``>``) escaped: what a Markdown report shows
+    of values it did not write (folder names, task names, error messages), so that none becomes markup."""
+    return html.escape(str(text), quote=False)
 
 
 def _show(value, fmt: str) -> str:
@@ -87,25 +100,32 @@ def _labels(comparison: Comparison) -> list[str]:
 
 
 def overview(comparison: Comparison) -> Table:
-    """Mean score, ΩMSR, ΩESR, median prefill, speedup and frontier membership per configuration."""
+    """Mean score, ΩMSR, ΩESR, median prefill (prompts timed alone), speedup, the batched prompts' throughput where
+    a cell ran batches, and frontier membership per configuration."""
     on_front = {f.axis: set(f.labels) for f in comparison.frontiers}
     speedups = any(c.speedup is not None for c in comparison.configs)
+    batched = any(math.isfinite(c.samples_per_second) for c in comparison.configs)
     rows = {}
     for c in comparison.configs:
         row = {"mean score": c.score, "ΩMSR": c.omega_msr, "ΩESR": c.omega_esr, "prefill s (median)": c.prefill_seconds}
         if speedups:
             row[f"× {BASELINE}"] = "–" if c.speedup is None else FORMATS["speedup"].format(c.speedup) + (
-                "" if c.measures_kernels else " *")
+                " *" if comparison.speedup_note else "")
+        if batched:
+            row |= {"samples/s (batched)": c.samples_per_second,
+                    "batch": ", ".join(map(str, c.batch_sizes)) or "–"}
         fronts = [FRONTIER_NAMES[axis] for axis, labels in on_front.items() if c.label in labels]
         row |= {"backend": ", ".join(c.backends) or "–", "device": ", ".join(c.devices) or "–",
                 "on frontier": ", ".join(fronts) or "–"}
         rows[c.label] = row
     frame = pd.DataFrame.from_dict(rows, orient="index").rename_axis("configuration")
-    caveat = speedups and any(c.speedup is not None and not c.measures_kernels for c in comparison.configs)
     return Table("overview", "Scores (mean over the comparable cells) and sparsity", frame,
                  kinds={"ΩMSR": "sparsity", "ΩESR": "sparsity", "prefill s (median)": "seconds",
-                        f"× {BASELINE}": "text", "backend": "text", "device": "text", "on frontier": "text"},
-                 note=CAVEAT if caveat else "")
+                        f"× {BASELINE}": "text", "samples/s (batched)": "throughput", "batch": "text",
+                        "backend": "text", "device": "text", "on frontier": "text"},
+                 note=" ".join(note for note in (
+                     f"* {comparison.speedup_note}" if speedups and comparison.speedup_note else "",
+                     BATCHED_NOTE if batched else "") if note))
 
 
 def _by_task(frame: pd.DataFrame, value: str, labels: list[str]) -> pd.DataFrame:
@@ -215,27 +235,25 @@ def methods_by_runs(comparison: Comparison) -> Table | None:
 
 
 def legend(comparison: Comparison) -> Table:
-    """Each configuration's label beside its run, model, result folder and every option (paths by their last
-    component)."""
-    rows = {c.label: {"run": c.run or "–", "model": c.model, "result folder": folder_label(c.method),
-                      "options": ", ".join(f"{k}={show_value(v)}" for k, v in c.options.items()) or "–"}
-            for c in comparison.configs}
-    frame = pd.DataFrame.from_dict(rows, orient="index", columns=["run", "model", "result folder", "options"])
+    """Each configuration's label beside its run, model and result folder, the options it sets, those it leaves
+    unset, and the learned files it loaded (router, gates: the name its folder gives, else the model's own, and the
+    first digits of the SHA-256 the cell recorded), so that every option telling two configurations apart is shown."""
+    rows = {}
+    for c in comparison.configs:
+        named = folder_options(c.method, c.method_name)
+        names = {key: show_value(named[key]) if key in named else "the model's" for key in c.artifacts}
+        files = [f"{key}={names[key]} · {sha[:DIGEST_CHARS]}" for key, sha in c.artifacts.items()]
+        rows[c.label] = {
+            "run": c.run or "–", "model": c.model, "result folder": folder_label(c.method),
+            "options": ", ".join(f"{k}={show_value(v)}" for k, v in c.options.items() if v is not None) or "–",
+            "unset": ", ".join(k for k, v in c.options.items() if v is None) or "–",
+            "learned files": ", ".join(files) or "–",
+        }
+    frame = pd.DataFrame.from_dict(rows, orient="index",
+                                   columns=["run", "model", "result folder", "options", "unset", "learned files"])
     if not any(c.run for c in comparison.configs):
         frame = frame.drop(columns="run")
-    return Table("legend", "Configurations", frame.rename_axis("configuration"), kind="text")
-
-
-def tables(comparison: Comparison) -> list[tuple[str, list[Table]]]:
-    """Every table of a comparison, grouped under headings: (heading, tables)."""
-    if not comparison.keys:  # no cell that every configuration completed
-        return [("Configurations", [legend(comparison)])] if comparison.configs else []
-    summary = [overview(comparison), adaptive_sparsity(comparison)]
-    if (by_runs := methods_by_runs(comparison)) is not None:
-        summary.append(by_runs)
-    groups = [("Summary", summary), *benchmark_tables(comparison)]
-    if len(comparison.configs) > 1:
-        groups.append(("Paired differences", [pair_differences(comparison)]))
-    groups.append(("Configurations", [legend(comparison)]))
-    return groups
-
+    return Table("legend", "Configurations", frame.rename_axis("configuration"), kind="text",
+                 note="Unset options take the method's default, which for a method with a learned file is that file's "
+                      "own (elastic: the router checkpoint's mode and streaming geometry). Learned files are named as "
+                      "their result folder names them and known by their SHA-256.")

@@ -7,6 +7,20 @@ Tasks of other packages (the testbed's) register through the ``elastic_bench.tas
 """
 
 from . import longbench, longbench_v2, ruler  # noqa: F401  (registration)
-from .base import GROUPS, REGISTRY, Sample, Task, expand, get, groups, names, register, render
+from .base import (
+    GROUPS,
+    REGISTRY,
+    LengthTooShortError,
+    Sample,
+    Task,
+    check_length,
+    expand,
+    get,
+    groups,
+    names,
+    register,
+    render,
+)
 
-__all__ = ["GROUPS", "REGISTRY", "Sample", "Task", "expand", "get", "groups", "names", "register", "render"]
+__all__ = ["GROUPS", "REGISTRY", "LengthTooShortError", "Sample", "Task", "check_length", "expand", "get", "groups",
+           "names", "register", "render"]

@@ -10,6 +10,8 @@ from typing import Any
 
 from elastic_bench.foundation.registry import Registry, did_you_mean
 
+from .corpora import Source
+
 
 @dataclass
 class Sample:
@@ -39,9 +41,14 @@ class Task:
 
     Args:
         data_dir: local directory of external corpora (see `corpora`); None falls back to ``$ELASTIC_BENCH_DATA``.
+
+    Attributes:
+        sources: the corpus files `samples` reads (`elastic_bench.tasks.corpora.Source`: where under the data
+            directory, what hub fallback); empty for a task generated offline. ``elastic-bench tasks`` lists them.
     """
 
     name: str = ""
+    sources: tuple[Source, ...] = ()
 
     def __init__(self, data_dir: str | None = None):
         self.data_dir = data_dir
@@ -64,6 +71,11 @@ class Task:
         rounded to 2 decimals by default; tasks override for buckets and breakdowns."""
         scores = [r["score"] for r in records]
         return {"score": round(100 * sum(scores) / len(scores), 2) if scores else float("nan")}
+
+
+class LengthTooShortError(ValueError):
+    """A target length below the shortest input a task can build with the tokenizer (the message names that
+    minimum)."""
 
 
 REGISTRY: Registry[type[Task]] = Registry("task", entry_points="elastic_bench.tasks")
@@ -112,6 +124,23 @@ def expand(specs: list[str]) -> list[str]:
             raise did_you_mean("task", spec, sorted([*valid, *GROUPS]))
         result.extend(m for m in members if m not in result)
     return result
+
+
+def check_length(names: list[str], tokenizer, length: int, data_dir: str | None = None, seed: int = 42) -> None:
+    """Refuse ``length`` when a task of ``names`` cannot fit one input into it with ``tokenizer``: what a run checks for
+    its shortest length once the tokenizer is loaded, before the model's weights. The other errors a task raises
+    here (a missing corpus, a malformed record) are left to its cells, which record them.
+
+    Raises:
+        LengthTooShortError: from the first task that cannot fit ``length`` (naming its minimum).
+    """
+    for name in names:
+        try:
+            get(name, data_dir).samples(tokenizer, length, 1, seed)
+        except LengthTooShortError:
+            raise
+        except (ValueError, FileNotFoundError, KeyError):
+            continue
 
 
 def render(tokenizer, user: str, answer_prefix: str = "", chat: bool | None = None) -> list[int]:

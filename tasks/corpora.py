@@ -43,12 +43,26 @@ class Source:
         paths: candidate paths under the data directory, in order of preference.
         how: how to obtain the file.
         hub: ``(dataset repo id, file name)`` of an identical copy on the Hugging Face hub, if any.
+        hub_rows: ``(dataset repo id, config, split)`` of hub rows that convert back to the file's records (read
+            through the ``datasets`` package: the ``hub`` extra), if any.
+        when: the inputs that read the file, where not every input does (empty: every input).
     """
 
     description: str
     paths: tuple[str, ...]
     how: str
     hub: tuple[str, str] | None = None
+    hub_rows: tuple[str, str | None, str] | None = None
+    when: str = ""
+
+    def where(self) -> str:
+        """Where the file comes from, in one line: its paths under the data directory, then its hub fallback."""
+        text = " or ".join(self.paths)
+        if self.hub is not None:
+            text += f", else hub {self.hub[0]} {self.hub[1]}"
+        if self.hub_rows is not None:
+            text += f", else hub {self.hub_rows[0]} (needs the hub extra: pip install 'elastic-bench[hub]')"
+        return f"{self.when}: {text}" if self.when else text
 
 
 def hub_download(repo_id: str, filename: str) -> Path:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import Sample, Task, register, render
+from .base import LengthTooShortError, Sample, Task, register, render
 from .corpora import Source, fetch
 from .longbench_metrics import FIRST_LINE_DATASETS, METRICS
 
@@ -37,6 +37,8 @@ NO_CHAT_DATASETS = ("trec", "triviaqa", "samsum", "lsht", "lcc", "repobench-p")
 
 BUCKETS = ("0-4k", "4-8k", "8k+")
 TRUNCATION_MARGIN = 500
+MAX_MEMBER_BYTES = 512 << 20
+"""The largest uncompressed file read from a zip archive (the largest of LongBench's data.zip holds tens of MB)."""
 
 
 def score(dataset: str, prediction: str, answers: list[str], all_classes: list[str] | None) -> float:
@@ -97,11 +99,7 @@ def load_records(stem: str, data_dir) -> list[dict[str, Any]]:
     source = data_source(stem)
     path = fetch(source, data_dir)
     if path.suffix == ".zip":
-        with zipfile.ZipFile(path) as archive:
-            member = f"data/{stem}.jsonl"
-            if member not in archive.namelist():
-                raise FileNotFoundError(f"{path} has no {member}: is it LongBench's data.zip?")
-            text = archive.read(member).decode("utf-8")
+        text = zip_member(path, f"data/{stem}.jsonl").decode("utf-8")
     else:
         text = path.read_text(encoding="utf-8")
     records = []
@@ -114,20 +112,44 @@ def load_records(stem: str, data_dir) -> list[dict[str, Any]]:
     return records
 
 
+def zip_member(path, member: str, limit: int = MAX_MEMBER_BYTES) -> bytes:
+    """The bytes of ``member`` of the zip archive ``path``, refused before it is read when its size exceeds ``limit``
+    (zipfile never inflates a member beyond the size the archive states, so a crafted archive cannot exhaust memory).
+
+    Raises:
+        FileNotFoundError: the archive has no such member.
+        ValueError: ``path`` is not a zip archive, or the member is larger than ``limit``.
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            if member not in archive.namelist():
+                raise FileNotFoundError(f"{path} has no {member}: is it LongBench's data.zip?")
+            size = archive.getinfo(member).file_size
+            if size > limit:
+                raise ValueError(f"{path}: {member} holds {size:,} bytes uncompressed, more than the {limit:,} a "
+                                 "corpus file may hold; is it LongBench's data.zip?")
+            return archive.read(member)
+    except zipfile.BadZipFile as err:
+        raise ValueError(f"{path} is not a readable zip archive ({err})") from None
+
+
 class LongBench(Task):
-    """One LongBench dataset (v1, or LongBench-E when ``extended``)."""
+    """One LongBench dataset (v1, or LongBench-E when ``extended``), read from ``data/<stem>.jsonl``."""
 
     dataset = ""
     extended = False
+    stem = ""
 
     def samples(self, tokenizer, length: int, limit: int | None = None, seed: int = 42) -> list[Sample]:
         """The records in file order (the first ``limit``), truncated to ``length − 500`` prompt tokens; the seed is
         unused (the data are fixed)."""
         max_length = length - TRUNCATION_MARGIN
         if max_length < 2:
-            raise ValueError(f"{self.name}: length {length} is too short; LongBench truncates prompts to length − 500")
+            raise LengthTooShortError(f"{self.name}: a target length of {length} tokens is too short: LongBench "
+                                      f"truncates prompts to length − {TRUNCATION_MARGIN}, so it needs at least "
+                                      f"{TRUNCATION_MARGIN + 2} tokens")
         prompts, budgets = _config()
-        records = load_records(f"{self.dataset}_e" if self.extended else self.dataset, self.data_dir)
+        records = load_records(self.stem, self.data_dir)
         chat = False if self.dataset in NO_CHAT_DATASETS else None
         stop, min_new = [], 0
         if self.dataset == "samsum":
@@ -168,8 +190,10 @@ def _register_all() -> None:
     for extended, names in ((False, DATASETS), (True, E_DATASETS)):
         group = "longbench_e" if extended else "longbench"
         for dataset in names:
-            attrs = {"dataset": dataset, "extended": extended, "__doc__": f"LongBench{'-E' if extended else ''} "
-                     f"{dataset} (official prompt, truncation and metric)."}
+            stem = f"{dataset}_e" if extended else dataset
+            attrs = {"dataset": dataset, "extended": extended, "stem": stem, "sources": (data_source(stem),),
+                     "__doc__": f"LongBench{'-E' if extended else ''} {dataset} (official prompt, truncation and "
+                     "metric)."}
             register(f"{group}_{dataset}", group=group)(type(f"LongBench_{group}_{dataset}", (LongBench,), attrs))
 
 

@@ -14,7 +14,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from .base import Sample, Task, register, render
+from .base import LengthTooShortError, Sample, Task, register, render
 from .corpora import Source, fetch
 
 DATA = Source(
@@ -86,6 +86,7 @@ class LongBenchV2(Task):
     """
 
     cot = False
+    sources = (DATA,)
 
     def __init__(self, data_dir=None, max_len: int = MAX_LEN, skip_failed: bool = False, compensated: bool = False):
         super().__init__(data_dir)
@@ -101,7 +102,10 @@ class LongBenchV2(Task):
         overhead = len(render(tokenizer, ""))
         budget = min(self.max_len, length - self.max_new_tokens - overhead)
         if budget < 2:
-            raise ValueError(f"{self.name}: length {length} leaves no room for a prompt")
+            need = length - budget + 2
+            raise LengthTooShortError(f"{self.name}: a target length of {length} tokens is too short: the answer "
+                                      f"budget and the chat template need {need - 2}, so it needs at least {need} "
+                                      "tokens")
         template = prompt_template("0shot_cot" if self.cot else "0shot")
         result = []
         for index, item in enumerate(load_items(self.data_dir)[:limit]):

@@ -19,6 +19,7 @@ import random
 import re
 import string
 import uuid
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from importlib import resources
 
@@ -26,7 +27,8 @@ import numpy as np
 import yaml
 
 from . import ruler_data
-from .base import Sample, Task, register, render
+from .base import LengthTooShortError, Sample, Task, register, render
+from .corpora import Source
 
 TEMPLATES = {
     "niah": (
@@ -96,8 +98,8 @@ def join_keys(keys: list[str]) -> str:
 class Ruler(Task):
     """A RULER task: a generator with the arguments of one `synthetic.yaml` entry.
 
-    Subclasses implement `_build` (the user text, answer prefix and answers for a haystack size and a sample) and
-    may override `_prepare` (per-run resources) and `_min_units`.
+    Subclasses implement `build` (the user text, answer prefix and answers for a haystack size and a sample) and
+    may override `prepare` (per-run resources), `min_units` and `sources_for`.
     """
 
     generator: str = ""
@@ -110,13 +112,22 @@ class Ruler(Task):
     def max_new_tokens(self) -> int:
         return TEMPLATES[self.generator][2]
 
-    def _prepare(self, tokenizer, length: int, seed: int) -> None:
-        """Load what every sample of a (tokenizer, length, seed) needs."""
+    @classmethod
+    def sources_for(cls, args: dict) -> tuple[Source, ...]:
+        """The corpus files the generator reads with the arguments ``args`` (`Task.sources`); none by default."""
+        return ()
 
-    def _min_units(self, index: int) -> int:
+    def prepare(self, tokenizer, length: int, seed: int) -> None:
+        """Load what every sample of a (tokenizer, length, seed) needs; `samples` calls it before `build`."""
+
+    def min_units(self, index: int) -> int:
+        """The smallest haystack size of sample ``index`` (in the generator's unit: noise lines, essay words,
+        distinct words, documents, ...)."""
         return 1
 
-    def _build(self, units: int, index: int, seed: int, length: int) -> tuple[str, str, list[str]]:
+    def build(self, units: int, index: int, seed: int, length: int) -> tuple[str, str, list[str]]:
+        """Sample ``index`` with a haystack of ``units``: ``(user text, answer prefix, answers)``, a pure function of
+        its arguments once `prepare` has run for the same tokenizer, length and seed."""
         raise NotImplementedError
 
     @staticmethod
@@ -129,37 +140,33 @@ class Ruler(Task):
     def samples(self, tokenizer, length: int, limit: int | None = None, seed: int = 42) -> list[Sample]:
         """Samples whose input plus ``max_new_tokens`` fits ``length``: the haystack size is the largest that fits
         for sample 0 (binary search), lowered per sample by binary search only when that sample does not fit."""
-        self._prepare(tokenizer, length, seed)
+        self.prepare(tokenizer, length, seed)
         budget = length - self.max_new_tokens
 
         def encode(units: int, index: int) -> tuple[list[int], list[str]]:
-            user, prefix, answers = self._build(units, index, seed, length)
+            user, prefix, answers = self.build(units, index, seed, length)
             return render(tokenizer, user, prefix), answers
 
         def fits(units: int, index: int) -> bool:
             return len(encode(units, index)[0]) <= budget
 
-        def largest(index: int, lo: int, hi: int | None) -> int:
-            """The largest fitting size ≥ lo (which must fit), below hi (which does not) or found by doubling."""
+        def largest(index: int, hi: int | None) -> int:
+            """The largest fitting size ≥ the smallest (which must fit), below hi (which does not) or found by
+            doubling."""
+            lo = self.min_units(index)
             if not fits(lo, index):
                 need = len(encode(lo, index)[0]) + self.max_new_tokens
-                raise ValueError(
+                raise LengthTooShortError(
                     f"{self.name}: a target length of {length} tokens is too short: the smallest input (haystack size "
                     f"{lo}) needs {need} tokens with this tokenizer, answer budget included"
                 )
-            if hi is None:
-                hi = max(lo + 1, self.step_below_4k if length < 4096 else self.step)
-                while fits(hi, index):
-                    lo, hi = hi, hi * 2
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                lo, hi = (mid, hi) if fits(mid, index) else (lo, mid)
-            return lo
+            start = self.step_below_4k if length < 4096 else self.step
+            return largest_fitting(lambda units: fits(units, index), lo, hi, start)
 
-        first = largest(0, self._min_units(0), None)
+        first = largest(0, None)
         result = []
         for index in range(self.num_samples(limit)):
-            units = first if fits(first, index) else largest(index, self._min_units(index), first)
+            units = first if fits(first, index) else largest(index, first)
             ids, answers = encode(units, index)
             result.append(Sample(f"{index}", ids, self.max_new_tokens, answers, {"length": length, "units": units}))
         return result
@@ -171,6 +178,22 @@ class Ruler(Task):
         """``round(mean × 100, 2)``, computed as RULER does (sum / n × 100)."""
         scores = [r["score"] for r in records]
         return {"score": round(sum(scores) / len(scores) * 100, 2) if scores else float("nan")}
+
+
+def largest_fitting(fits: Callable[[int], bool], lo: int, hi: int | None = None, start: int = 2) -> int:
+    """The largest size ``n >= lo`` with ``fits(n)``, for a ``fits`` that holds up to some size and fails above it.
+
+    ``fits(lo)`` is taken to hold. With ``hi`` (a size known not to fit) the search bisects ``[lo, hi)``; without it,
+    the size doubles from ``max(lo + 1, start)`` until one does not fit, then the search bisects.
+    """
+    if hi is None:
+        hi = max(lo + 1, start)
+        while fits(hi):
+            lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 def random_value(kind: str, rng: random.Random) -> str:
@@ -193,7 +216,11 @@ class Niah(Ruler):
     def num_keys(self) -> int:
         return max(self.args["num_needle_k"], self.args["num_needle_q"])
 
-    def _prepare(self, tokenizer, length, seed):
+    @classmethod
+    def sources_for(cls, args):
+        return (ruler_data.source("essay"), ruler_data.PUNKT) if args["type_haystack"] == "essay" else ()
+
+    def prepare(self, tokenizer, length, seed):
         if self.args["type_haystack"] == "essay":
             essay, split = ruler_data.essay_words(self.data_dir), ruler_data.sentence_splitter(self.data_dir)
 
@@ -204,13 +231,19 @@ class Niah(Ruler):
 
             self._sentences = sentences
 
-    def _min_units(self, index):
+    def essay_sentences(self, units: int) -> Sequence[str]:
+        """The essay haystack of size ``units``: the sentences of the essays' first ``units`` words (the essays
+        repeated when shorter), split by punkt. A subclass may draw the haystack from another text (`prepare` then
+        need not load the essays)."""
+        return self._sentences(units)
+
+    def min_units(self, index):
         return 1 if self.args["type_haystack"] == "essay" else self.num_keys * self.args["num_needle_v"]
 
     def _haystack(self, units: int, needles: list[str], rng: random.Random) -> str:
         a = self.args
         if a["type_haystack"] == "essay":
-            sentences = self._sentences(units)
+            sentences = self.essay_sentences(units)
             cuts = sorted(int(len(sentences) * (d / 100)) for d in rng.sample(DEPTHS, len(needles)))
             bounds = [0, *cuts, len(sentences)]
             parts = []
@@ -231,7 +264,7 @@ class Niah(Ruler):
             lines.insert(position, needle)
         return "\n".join(lines)
 
-    def _build(self, units, index, seed, length):
+    def build(self, units, index, seed, length):
         a, rng = self.args, self._rng(seed, index)
         keys, values, needles = [], [], []
         for _ in range(self.num_keys):
@@ -264,7 +297,7 @@ class VariableTracking(Ruler):
     def hops(self) -> int:
         return self.args["num_hops"]
 
-    def _min_units(self, index):
+    def min_units(self, index):
         return self.hops + 1
 
     def _chains(self, rng: random.Random, icl: bool) -> tuple[list[list[str]], list[list[str]]]:
@@ -294,7 +327,7 @@ class VariableTracking(Ruler):
         prefix = prefix.format(num_v=self.hops + 1, query=value)
         return template.format(context=context, query=value), prefix, variables[0]
 
-    def _prepare(self, tokenizer, length, seed):
+    def prepare(self, tokenizer, length, seed):
         """The one-shot example: the largest noise size whose "template + prefix" text has at most 500 tokens (no
         special tokens), followed by " " + its answers + "\\n"."""
 
@@ -305,13 +338,7 @@ class VariableTracking(Ruler):
         def size(units: int) -> int:
             return len(tokenizer(example(units)[0], add_special_tokens=False).input_ids)
 
-        lo, hi = 5, 10
-        while size(hi) <= self.icl_tokens:
-            lo, hi = hi, hi * 2
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if size(mid) <= self.icl_tokens else (lo, mid)
-        text, answers = example(lo)
+        text, answers = example(largest_fitting(lambda units: size(units) <= self.icl_tokens, 5, None, 10))
         self._icl = text + " " + " ".join(answers) + "\n"
 
     def _randomized_icl(self, rng: random.Random) -> str:
@@ -320,7 +347,7 @@ class VariableTracking(Ruler):
             icl = icl.replace(name, "".join(rng.choices(string.ascii_uppercase, k=len(name))))
         return icl.replace("12345", str(rng.randint(10000, 99998)))
 
-    def _build(self, units, index, seed, length):
+    def build(self, units, index, seed, length):
         rng = self._rng(seed, index)
         icl = self._randomized_icl(rng)
         user, prefix, answers = self._text(units, rng, icl=False)
@@ -334,12 +361,16 @@ class CommonWords(Ruler):
     generator = "common_words_extraction"
     step = step_below_4k = 10
 
-    def _prepare(self, tokenizer, length, seed):
+    @classmethod
+    def sources_for(cls, args):
+        return (ruler_data.source("english_words"),)
+
+    def prepare(self, tokenizer, length, seed):
         words = list(ruler_data.common_words())
         random.Random(seed).shuffle(words)
         self._words = words
 
-    def _min_units(self, index):
+    def min_units(self, index):
         return self.args["num_cw"]
 
     def _example(self, n: int, common_repeats: int, uncommon_repeats: int, rng, seed) -> tuple[str, list[str]]:
@@ -350,7 +381,7 @@ class CommonWords(Ruler):
         random.Random(seed).shuffle(listed)
         return " ".join(f"{i + 1}. {w}" for i, w in enumerate(listed)), common
 
-    def _build(self, units, index, seed, length):
+    def build(self, units, index, seed, length):
         rng = self._rng(seed, index)
         template, prefix, _ = TEMPLATES["common_words_extraction"]
         if length < 4096:
@@ -375,7 +406,7 @@ class FrequentWords(Ruler):
     def alpha(self) -> float:
         return float(self.args["alpha"])
 
-    def _build(self, units, index, seed, length):
+    def build(self, units, index, seed, length):
         rng = self._rng(seed, index)
         vocab_size = (length - self.max_new_tokens) // 50
         vocab = ["".join(rng.choices(string.ascii_lowercase, k=self.coded_length)) for _ in range(vocab_size)]
@@ -407,17 +438,21 @@ class QA(Ruler):
     metric = "part"
     step = step_below_4k = 10
 
-    def _prepare(self, tokenizer, length, seed):
+    @classmethod
+    def sources_for(cls, args):
+        return (ruler_data.source(args["dataset"]),)
+
+    def prepare(self, tokenizer, length, seed):
         self._questions, self._docs = ruler_data.qa_dataset(self.args["dataset"], self.data_dir)
 
     def num_samples(self, limit):
         total = min(SAMPLES, len(ruler_data.qa_dataset(self.args["dataset"], self.data_dir)[0]))
         return total if limit is None else min(limit, total)
 
-    def _min_units(self, index):
+    def min_units(self, index):
         return len(self._questions[index]["context"])
 
-    def _build(self, units, index, seed, length):
+    def build(self, units, index, seed, length):
         rng = self._rng(seed, index)
         question, docs = self._questions[index], self._docs
         gold, more = question["context"], question.get("more_context", [])
@@ -455,7 +490,9 @@ def official_configs() -> dict[str, dict]:
 def _register_all() -> None:
     for name, config in official_configs().items():
         base = GENERATORS[config["task"]]
-        cls = type(f"Ruler_{name}", (base,), {"args": config["args"], "__doc__": f"RULER {name}: {base.__doc__}"})
+        attrs = {"args": config["args"], "sources": base.sources_for(config["args"]),
+                 "__doc__": f"RULER {name}: {base.__doc__}"}
+        cls = type(f"Ruler_{name}", (base,), attrs)
         register(f"ruler_{name}", group="ruler")(cls)
 
 

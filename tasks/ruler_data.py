@@ -22,16 +22,24 @@ SQUAD = Source(
     "SQuAD v2.0 dev set (RULER qa_1)",
     ("ruler/squad.json",),
     "It is dev-v2.0.json from the SQuAD website, renamed (RULER's download_qa_dataset.sh does the same).",
+    hub_rows=("rajpurkar/squad_v2", None, "validation"),
 )
 HOTPOTQA = Source(
     "HotpotQA dev distractor set (RULER qa_2)",
     ("ruler/hotpotqa.json",),
     "It is hotpot_dev_distractor_v1.json from the HotpotQA website, renamed (as RULER's download_qa_dataset.sh).",
+    hub_rows=("hotpotqa/hotpot_qa", "distractor", "validation"),
 )
 ENGLISH_WORDS = Source(
     "RULER's cwe word list for inputs with more distinct words than wonderwords has",
     ("ruler/english_words.json",),
     "It is scripts/data/synthetic/json/english_words.json of NVIDIA/RULER (a Git LFS file: fetch it with git lfs).",
+    when="for inputs of more distinct words than wonderwords' lists hold (the longest lengths)",
+)
+PUNKT = Source(
+    "nltk's punkt sentence model, needed by RULER's essay haystack",
+    ("nltk_data/tokenizers/punkt_tab/english/",),
+    "Run `python -m nltk.downloader -d DIR/nltk_data punkt_tab` (or install it in nltk's own data path).",
 )
 
 
@@ -167,29 +175,58 @@ def hotpotqa_from_rows(rows: list[dict]) -> list[dict]:
     ]
 
 
-_LOADERS = {  # kind → (source, parse, hub dataset (repo, config, split, rows → official JSON) or None)
+_LOADERS = {  # kind → (source, parse, its hub rows → official JSON, where the source has hub rows)
     "essay": (ESSAYS, lambda data: re.sub(r"\s+", " ", data["text"]).split(" "), None),
     "english_words": (ENGLISH_WORDS, lambda data: list(data.values()), None),
-    "squad": (SQUAD, read_squad, ("rajpurkar/squad_v2", None, "validation", squad_from_rows)),
-    "hotpotqa": (HOTPOTQA, read_hotpotqa, ("hotpotqa/hotpot_qa", "distractor", "validation", hotpotqa_from_rows)),
+    "squad": (SQUAD, read_squad, squad_from_rows),
+    "hotpotqa": (HOTPOTQA, read_hotpotqa, hotpotqa_from_rows),
+}
+
+
+def source(kind: str) -> Source:
+    """The corpus file of ``kind``: ``essay``, ``english_words``, ``squad`` or ``hotpotqa``."""
+    return _LOADERS[kind][0]
+
+
+_SHAPES = {  # kind → what its file must hold (for messages), and whether a parsed corpus is one
+    "essay": ('a JSON object {"text": "<essays>"} with some text', lambda words: any(words)),
+    "english_words": ("a JSON object whose values are words",
+                      lambda words: bool(words) and all(isinstance(w, str) for w in words)),
+    "squad": ("SQuAD v2.0 dev JSON (data → paragraphs → qas) with an answerable question", lambda qa: bool(qa[0])),
+    "hotpotqa": ("HotpotQA dev JSON (a list of questions with their context)", lambda qa: bool(qa[0])),
 }
 
 
 @lru_cache(maxsize=8)
 def _load(kind: str, root: Path | None):
-    source, parse, hub = _LOADERS[kind]
+    """The parsed corpus of ``kind``; ValueError naming the file (or hub dataset) and what it must hold when it is
+    not JSON of that shape, or holds nothing (a cell reading it fails with that message; the run goes on)."""
+    corpus, parse, convert = _LOADERS[kind]
     try:
-        data = json.loads(fetch(source, root).read_text(encoding="utf-8"))
+        path = fetch(corpus, root)
     except FileNotFoundError as missing:
-        if hub is None:
+        if corpus.hub_rows is None:
             raise
-        repo, config, split, convert = hub
+        repo, config, split = corpus.hub_rows
         try:
-            data = convert(corpora.hub_rows(repo, config, split))
+            data, where = convert(corpora.hub_rows(repo, config, split)), f"the hub dataset {repo}"
         except Exception as err:  # noqa: BLE001  (offline, no `datasets`, changed schema: provide the file)
             note = f"the hub dataset {repo} could not be read either: {type(err).__name__}"
             raise FileNotFoundError(f"{missing} ({note})") from None
-    return parse(data)
+    else:
+        where = str(path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:  # not UTF-8 or not JSON, a folder, unreadable
+            raise ValueError(f"{where} is not a readable JSON file ({err}); expected {_SHAPES[kind][0]}") from None
+    expected, valid = _SHAPES[kind]
+    try:
+        parsed = parse(data)
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as err:
+        raise ValueError(f"{where} is not {expected} ({type(err).__name__}: {err})") from None
+    if not valid(parsed):
+        raise ValueError(f"{where} holds nothing to read; expected {expected}")
+    return parsed
 
 
 def essay_words(data_dir) -> list[str]:

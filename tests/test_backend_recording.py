@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 
 import pytest
 import torch
+from fixtures.clock import FakeClock
 
 from elastic_bench.evaluation.runner import RunConfig, run
 from elastic_bench.kernels import hybrid
@@ -33,7 +35,7 @@ def test_recorded_backend_is_the_one_that_ran(tmp_path, monkeypatch):
 
         return call
 
-    monkeypatch.setattr(hybrid, "_BACKENDS", dict(hybrid._BACKENDS))
+    monkeypatch.setattr(hybrid, "_BACKENDS", {"reference": hybrid._BACKENDS["reference"]})  # the stub above it only
     hybrid.register_backend("reference", recording("reference", naive_hybrid_attention), lambda device: True, 0)
     hybrid.register_backend("stub_long", recording("stub_long", naive_hybrid_attention),
                             lambda device: device.type == "cpu", 100, prefer=lambda keys: keys >= THRESHOLD)
@@ -59,7 +61,7 @@ def test_recorded_backend_is_the_one_that_ran(tmp_path, monkeypatch):
 
 
 def test_a_cell_whose_prompts_straddle_a_threshold_counts_each_backend(tmp_path, monkeypatch):
-    monkeypatch.setattr(hybrid, "_BACKENDS", dict(hybrid._BACKENDS))
+    monkeypatch.setattr(hybrid, "_BACKENDS", {"reference": hybrid._BACKENDS["reference"]})  # the stub above it only
     config = RunConfig(methods=["full"], tasks=["ruler_niah_single_1"], lengths=[768], limit=3,
                        output=str(tmp_path / "run"), device="cpu", progress=False)
     run(config)
@@ -96,14 +98,14 @@ def test_on_cuda_a_32k_cell_records_the_single_launch_its_prompts_ran(tmp_path):
 
 def test_the_warm_up_prefill_is_not_timed(tmp_path, monkeypatch):
     """A backend whose first call is slow (as a compiled kernel's is) costs the warm-up forward, never a timed
-    prefill: every sample's prefill, the cell's median and mean stay fast."""
-    import time
-
-    calls = []
+    prefill: on a clock that advances by what the backend costs, every sample's prefill, the cell's median and mean
+    are the cost of the prefill's own calls, one per layer."""
+    compiling, call = 100.0, 0.01  # seconds the stub costs: its first call, every other call
+    clock, calls = FakeClock(), []
+    monkeypatch.setattr(time, "perf_counter", clock)
 
     def slow_first(q, k, v, plan, scale):
-        if not calls:
-            time.sleep(1.0)  # "compilation"
+        clock.spend(call if calls else compiling)
         calls.append(k.shape[2])
         return naive_hybrid_attention(q, k, v, plan, scale)
 
@@ -114,7 +116,9 @@ def test_the_warm_up_prefill_is_not_timed(tmp_path, monkeypatch):
     run(config)
     metrics, predictions = _cell_metrics(tmp_path / "run", "full", 640)
     assert metrics["backend_used"] == "compiled_stub"
-    assert max(r["prefill_seconds"] for r in predictions) < 0.5
-    assert metrics["prefill_seconds_median"] < 0.5 and metrics["prefill_seconds"] < 0.5
-    warm_up = 2  # layers of tiny:qwen3: the untimed forward ran first, over the first sample's prompt
-    assert calls[:warm_up] == [predictions[0]["input_tokens"]] * warm_up
+    layers = 2  # tiny:qwen3: the untimed forward ran first, over the first sample's prompt
+    assert calls[:layers] == [predictions[0]["input_tokens"]] * layers
+    prefill = layers * call  # plus a few microseconds of the clock's own readings
+    assert [r["prefill_seconds"] for r in predictions] == pytest.approx([prefill] * 2, abs=1e-4)
+    assert metrics["prefill_seconds_median"] == pytest.approx(prefill, abs=1e-4)
+    assert metrics["prefill_seconds"] == pytest.approx(prefill, abs=1e-4)

@@ -25,6 +25,7 @@ from elastic_bench.baselines.training.prulong import (
 from elastic_bench.baselines.training.prulong import lr_factor as prulong_lr_factor
 from elastic_bench.cli import main
 from elastic_bench.kernels import Mode
+from elastic_bench.training.engine import RunOptions
 
 SMALL = PasskeyData(min_length=480, max_length=720, num_lengths=3, num_passkeys=2, passkey_length=8)
 
@@ -105,14 +106,13 @@ def test_hard_concrete_distribution():
     assert masks.tolist() == [[1.0, 0.0], [0.0, 1.0]]
 
 
-def _duo_config(tmp_path, **kw):
-    return DuoTrainConfig(model="tiny:llama", output=str(tmp_path / "duo"), data=SMALL, steps=3, save_every=2,
-                          sink=16, local=64, lr=0.1, **kw)
+def _duo_config(**kw):
+    return DuoTrainConfig(model="tiny:llama", data=SMALL, steps=3, sink=16, local=64, lr=0.1, **kw)
 
 
 def test_train_duo_moves_alpha_and_its_file_drives_duo_attention(tmp_path, tiny_models):
-    config = _duo_config(tmp_path)
-    gates, run = train_duo(config, progress=False)
+    config, options = _duo_config(), RunOptions(output=str(tmp_path / "duo"), save_every=2, progress=False)
+    gates, run = train_duo(config, options)
     assert run.complete and len(run.log) == 3
     assert gates.shape == (2, 2) and (gates < 1.0).any() and ((gates >= 0) & (gates <= 1)).all()
     assert all(r["distill_loss"] >= 0 and r["reg_loss"] > 0 for r in run.log)
@@ -129,10 +129,10 @@ def test_train_duo_moves_alpha_and_its_file_drives_duo_attention(tmp_path, tiny_
     expected = np.where(binarize(gates, 0.5), Mode.FULL, Mode.STREAMING)
     assert handle.decisions()[0].tolist() == expected.tolist()
 
-    again, rerun = train_duo(config, progress=False)  # complete: resumes at the end, trains nothing
+    again, rerun = train_duo(config, options)  # complete: resumes at the end, trains nothing
     assert rerun.start == 3 and np.array_equal(again, gates)
     with pytest.raises(ValueError, match="different configuration .*reg_weight"):
-        train_duo(_duo_config(tmp_path, reg_weight=0.5), progress=False)
+        train_duo(_duo_config(reg_weight=0.5), options)
 
 
 def test_duo_attention_with_every_gate_one_equals_full(tmp_path, tiny_models):
@@ -149,9 +149,9 @@ def test_duo_attention_with_every_gate_one_equals_full(tmp_path, tiny_models):
 
 
 def test_train_prulong_moves_toward_its_target_and_exports_binary_masks(tmp_path, tiny_models):
-    config = PruLongTrainConfig(model="tiny:llama", output=str(tmp_path / "pl"), data=SMALL, steps=6, batch_size=2,
-                                save_every=3, sink=16, local=64, target=0.5, sparsity_warmup=0.0, warmup=0.0)
-    masks, run = train_prulong(config, progress=False)
+    config = PruLongTrainConfig(model="tiny:llama", data=SMALL, steps=6, batch_size=2, sink=16, local=64, target=0.5,
+                                sparsity_warmup=0.0, warmup=0.0)
+    masks, run = train_prulong(config, RunOptions(output=str(tmp_path / "pl"), save_every=3, progress=False))
     first, last = run.log[0], run.log[-1]
     assert last["expected_sparsity"] > first["expected_sparsity"]  # toward the target 0.5 from ~0
     assert last["lambda1"] < 0 < last["lambda2"]  # the multipliers ascend while sparsity lies below the target

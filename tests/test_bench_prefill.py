@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+from fixtures.clock import FakeClock
 
 from elastic_bench.bench import prefill
 from elastic_bench.bench.prefill import METHODS, PrefillBenchConfig, SeededModes, add_ratios, ideal_speedup
@@ -43,7 +44,7 @@ def test_every_method_has_its_record_beside_full_and_the_floor(tmp_path, capsys)
             assert r[key] is not None, (method, key)
         if method in APPLIED:
             assert r["routing_seconds"] > 0 and 0 < r["routing_fraction"] < 1
-            assert r["prefill_backends"] == {"reference": LAYERS}  # one timed forward, each layer on the CPU
+            assert r["prefill_backends"] == {"masked": LAYERS}  # one timed forward, each layer on the CPU path
     for length in (256, 512):
         full, floor = rows[("full", length)], rows[("floor", length)]
         assert full["speedup_vs_full"] == full["ideal_speedup"] == full["fraction_of_ideal"] == 1.0
@@ -68,12 +69,15 @@ def test_every_method_has_its_record_beside_full_and_the_floor(tmp_path, capsys)
 
 
 def test_the_warm_up_forward_is_not_timed(tmp_path, monkeypatch):
-    sleep, slept = 1.0, set()  # well above a tiny forward on a loaded CPU
+    """A backend whose first call at each key length is slow (a kernel compiling) costs the warm-up forward only: on
+    a clock that advances by what the backend costs, each timed forward is the cost of its own calls, one per layer."""
+    compiling, call = 100.0, 0.01  # seconds the stub costs: its first call at a key length, every other call
+    clock, slept = FakeClock(), set()
+    monkeypatch.setattr(time, "perf_counter", clock)
 
-    def slow_first(q, k, v, plan, scale):  # sleeps on its first call at each key length, as a kernel compiling
-        if k.shape[2] not in slept:
-            slept.add(k.shape[2])
-            time.sleep(sleep)
+    def slow_first(q, k, v, plan, scale):
+        clock.spend(call if k.shape[2] in slept else compiling)
+        slept.add(k.shape[2])
         return naive_hybrid_attention(q, k, v, plan, scale)
 
     monkeypatch.setattr(hybrid, "_BACKENDS", dict(hybrid._BACKENDS))
@@ -81,10 +85,12 @@ def test_the_warm_up_forward_is_not_timed(tmp_path, monkeypatch):
     rc, report = _bench(tmp_path, "--lengths", "256,384", "--methods", "full,streaming", "--backend",
                         "stub_slow_first", "--repeats", "2")
     assert rc == 0 and slept == {256, 384}
-    for r in report["results"]:
-        assert r["median_s"] < sleep / 2 and max(r["times_s"]) < sleep / 2, r
-        if r["method"] in ("full", "streaming"):
-            assert r["prefill_backends"] == {"stub_slow_first": 2 * LAYERS}
+    timed = [r for r in report["results"] if r["method"] in ("full", "streaming")]
+    assert len(timed) == 4
+    for r in timed:  # plus a few microseconds of the clock's own readings
+        assert r["times_s"] == pytest.approx([LAYERS * call] * 2, abs=1e-4), r
+        assert r["median_s"] == pytest.approx(LAYERS * call, abs=1e-4)
+        assert r["prefill_backends"] == {"stub_slow_first": 2 * LAYERS}
 
 
 def test_timed_forwards_take_turns_round_by_round(tmp_path, monkeypatch):
@@ -106,7 +112,7 @@ def test_timed_forwards_take_turns_round_by_round(tmp_path, monkeypatch):
         + [(n, 2) for n in names if n != "streaming"]
     rows = {r["method"]: r for r in report["results"]}
     assert "out of memory (stub)" in rows["streaming"]["error"] and "median_s" not in rows["streaming"]
-    assert len(rows["fa-ssa"]["times_s"]) == 3 and rows["fa-ssa"]["prefill_backends"] == {"reference": 3 * LAYERS}
+    assert len(rows["fa-ssa"]["times_s"]) == 3 and rows["fa-ssa"]["prefill_backends"] == {"masked": 3 * LAYERS}
     assert rows["fa-ssa"]["omega_msr"] == round(0.7 * LAYERS * KV_HEADS) / (LAYERS * KV_HEADS)
 
 

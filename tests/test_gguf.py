@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from elastic_bench.modeling.loading import gguf_file, load_model, max_positions, model_dir, model_label
+from elastic_bench.modeling.loading import gguf_file, load_model, max_positions, resolve_model
 
 gguf = pytest.importorskip("gguf", reason="the gguf package (pip install gguf) writes and reads GGUF files")
 
@@ -110,15 +110,15 @@ def test_gguf_loads_back_the_same_model_and_tokenizer(checkpoints):
 def test_a_folder_of_one_gguf_file_is_that_checkpoint(checkpoints):
     folder = checkpoints["gguf"].parent
     assert gguf_file(str(folder)) == checkpoints["gguf"]
-    assert model_dir(str(folder)) == model_dir(str(checkpoints["gguf"])) == str(folder)
-    assert max_positions(str(folder)) == checkpoints["model"].config.max_position_embeddings
+    assert resolve_model(str(folder)).path == resolve_model(str(checkpoints["gguf"])).path == str(folder)
+    assert resolve_model(str(folder)).positions == checkpoints["model"].config.max_position_embeddings
 
 
 def test_run_on_the_gguf_file_predicts_as_the_original(checkpoints, tmp_path):
     from elastic_bench.cli import main
 
     def predictions(spec: str, label: str) -> dict[str, list[str]]:
-        assert model_label(spec) == label
+        assert resolve_model(spec).label == label
         main(["run", "--model", spec, "--methods", "full,streaming", "--tasks", "ruler_niah_single_1",
               "--lengths", "640", "--limit", "2", "--device", "cpu", "--output", str(tmp_path), "--no-progress"])
         found = {}
@@ -138,7 +138,8 @@ def test_run_on_the_gguf_file_predicts_as_the_original(checkpoints, tmp_path):
 
 def test_a_gguf_without_general_name_is_labelled_by_its_file_stem(checkpoints, tmp_path):
     write_gguf(checkpoints["model"], checkpoints["tokenizer"], tmp_path / "my-model.Q8.gguf", name=None)
-    assert model_label(str(tmp_path)) == model_label(str(tmp_path / "my-model.Q8.gguf")) == "my-model.Q8"
+    file = resolve_model(str(tmp_path / "my-model.Q8.gguf"))
+    assert resolve_model(str(tmp_path)).label == file.label == "my-model.Q8"
 
 
 def test_user_errors_are_one_clear_message(checkpoints, tmp_path, monkeypatch):

@@ -158,7 +158,7 @@ def test_triton_unavailable_on_cpu_without_interpreter():
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("interpreter enabled in this process")
     assert "triton" not in available_backends("cpu") and "split" not in available_backends("cpu")
-    assert resolve_backend("auto", "cpu") == "reference"
+    assert resolve_backend("auto", "cpu") == "masked"
     with pytest.raises(RuntimeError, match="not available"):
         resolve_backend("triton", "cpu")
 

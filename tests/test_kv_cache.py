@@ -207,3 +207,39 @@ def test_reserve_and_advance_keep_the_counts():
     assert layer.packed.slots.tolist() == [10 + GROW + 100, 6]
     layer.advance()
     assert layer.get_seq_length() == 11 and layer.steps == 1
+
+
+def test_dropping_samples_keeps_the_others_rows_and_bytes():
+    """A layer that drops samples (transformers' `batch_select_indices`) decodes the kept ones as before, and each
+    sample counts the bytes a layer of that sample alone holds."""
+    from elastic_bench.kernels import hybrid_attention
+    from elastic_bench.kernels.decode import decode_attention
+
+    gen = torch.Generator().manual_seed(1)
+    B, H, L, D, starts = 3, 2, 30, 16, [0, 7, 3]
+    keys, values = torch.randn(B, H, L, D, generator=gen), torch.randn(B, H, L, D, generator=gen)
+    plan = HeadPlan(torch.tensor([[F, S], [S, S], [F, F]], dtype=torch.uint8), StreamingGeometry(2, 8))
+    layer, alone = PackedLayer(), []
+    layer.update(keys, values)
+    layer.pack(plan, starts, evict=True)
+    for b in range(B):
+        single = PackedLayer()
+        single.update(keys[b : b + 1, :, starts[b] :], values[b : b + 1, :, starts[b] :])
+        single.pack(plan.select([b]), [0], evict=True)
+        alone.append(single)
+    layer.batch_select_indices(torch.tensor([2, 0]))
+    full_k, full_v = keys[[2, 0]], values[[2, 0]]
+    for _ in range(GROW + 3):  # the kept rows outgrow their room once
+        k, v = torch.randn(2, H, 1, D, generator=gen), torch.randn(2, H, 1, D, generator=gen)
+        layer.update(k, v)
+        for i, b in enumerate((2, 0)):
+            alone[b].update(k[i : i + 1], v[i : i + 1])
+        full_k, full_v = torch.cat([full_k, k], 2), torch.cat([full_v, v], 2)
+    q = torch.randn(2, 4, 1, D, generator=gen)
+    out = decode_attention(q, layer.packed)
+    for i, b in enumerate((2, 0)):
+        expected = hybrid_attention(q[i : i + 1], full_k[i : i + 1, :, starts[b] :], full_v[i : i + 1, :, starts[b] :],
+                                    plan.select([b]), backend="reference")
+        torch.testing.assert_close(out[i : i + 1], expected, atol=1e-5, rtol=1e-4)
+        assert layer.sample_nbytes(i) == (alone[b].nbytes(), alone[b].full_nbytes())
+    assert layer.packed.num_rows == 2 * H and layer.nbytes() == alone[2].nbytes() + alone[0].nbytes()

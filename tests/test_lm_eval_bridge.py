@@ -16,9 +16,11 @@ import pytest
 pytest.importorskip("lm_eval", reason="the [lm-eval] extra is not installed (`make test` installs it)")
 from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.api.registry import Registry  # noqa: E402
+from lm_eval.models.huggingface import HFLM  # noqa: E402
 
 from elastic_bench.cli import main  # noqa: E402
 from elastic_bench.evaluation.lm_eval_bridge import ElasticLM, cli  # noqa: E402
+from elastic_bench.modeling.generation import generate  # noqa: E402
 from elastic_bench.modeling.loading import load_model  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures" / "lm_eval"
@@ -115,6 +117,32 @@ def test_batch_size_detection_is_not_counted_in_the_sparsity(gates):
     assert len(auto[key]["fraction_full"]) == len(fixed[key]["fraction_full"])
 
 
+def test_greedy_generation_runs_the_shared_loop_and_gives_transformers_text(monkeypatch):
+    """A greedy batch runs `elastic_bench.modeling.generation.generate`: a row stops once a stop string appears (with
+    transformers' ``generate`` every row runs until all are done) and lm-eval's text is the same."""
+    from lm_eval.models.utils import postprocess_generated_text
+
+    from elastic_bench.evaluation import lm_eval_bridge
+
+    calls = []
+    monkeypatch.setattr(lm_eval_bridge, "generate", lambda *a, **k: calls.append(generate(*a, **k)) or calls[-1])
+    lm = ElasticLM(pretrained="tiny:llama", device="cpu", batch_size=4, **METHODS["streaming"], method="streaming")
+    try:
+        context, mask = lm.tok_batch_encode([d["prompt"] for d in DOCS[:4]])
+        budget = context.shape[1] + 24
+        plain = HFLM._model_generate(lm, context, budget, [], attention_mask=mask, do_sample=False)
+        stop = [lm.tok_decode(plain[0, context.shape[1] + 5 : context.shape[1] + 6].tolist())]  # row 0's 6th token
+        ours = lm._model_generate(context, budget, stop, attention_mask=mask, do_sample=False)
+        theirs = HFLM._model_generate(lm, context, budget, stop, attention_mask=mask, do_sample=False)
+    finally:
+        lm.close()
+    (batch,) = calls
+    assert len(batch.rows[0].tokens) <= 6 < 24 == max(len(row.tokens) for row in batch.rows)  # row 0 stopped early
+    texts = [[postprocess_generated_text(lm.tok_decode(row[context.shape[1]:].tolist()), stop, None) for row in out]
+             for out in (ours, theirs)]
+    assert texts[0] == texts[1] and any(len(t) > 3 for t in texts[0])
+
+
 def test_method_changes_loglikelihoods_only_when_it_drops_keys():
     def loglikelihoods(**args):
         return [lp for lp, _ in run_requests(2, **args)[0]["loglikelihood"]]
@@ -201,7 +229,7 @@ def test_samples_carry_each_requests_sparsity_whatever_the_batch_size(tmp_path, 
     # the untrained router routes each row on its content, so rows given to the wrong request would show;
     # max_length 64 splits the rolling documents into 1–4 windows and makes one-token choices share a row
     args = {**METHODS["elastic"], "method": "elastic", "max_length": 64}
-    # batch size 4 through lm-eval's own command line (it knows `elastic`: this process imported elastic_bench)
+    # batch size 4 through lm-eval's own command line (it knows `elastic`: this process imported the bridge)
     four = lm_eval_run(tmp_path, monkeypatch, cli_evaluate, "elastic",
                        ",".join(["pretrained=tiny:llama", *(f"{k}={v}" for k, v in args.items())]), "--batch_size", "4")
     # batch size 1 through the Python API, saved by lm-eval's tracker as its command line does
@@ -314,11 +342,13 @@ def test_lm_eval_discovers_elastic_through_its_entry_point():
     assert registry.get("elastic") is ElasticLM
 
 
-def test_import_elastic_bench_registers_elastic_for_lm_evals_python_api():
+def test_importing_the_bridge_registers_elastic_for_lm_evals_python_api_and_elastic_bench_installs_no_hook():
     code = (
         "import sys, elastic_bench\n"
         "assert 'lm_eval' not in sys.modules and 'torch' not in sys.modules\n"
+        "assert not any('elastic_bench' in type(finder).__module__ for finder in sys.meta_path)\n"
         "from lm_eval.api.registry import get_model\n"
+        "import elastic_bench.evaluation.lm_eval_bridge\n"
         "from lm_eval.models.huggingface import HFLM\n"
         "assert get_model('elastic').__name__ == 'ElasticLM' and get_model('hf') is HFLM\n"
     )

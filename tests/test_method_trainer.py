@@ -16,21 +16,24 @@ from elastic_bench.method import ModeConfig, synthetic_records
 from elastic_bench.method.elastic import Elastic, TrainingRoute
 from elastic_bench.method.objective import LagrangeMultipliers, omega_msr, sparsity_penalty
 from elastic_bench.method.relaxation import gumbel_noise
-from elastic_bench.method.trainer import TrainConfig, train
+from elastic_bench.method.trainer import RouterTrainConfig, train
 from elastic_bench.modeling.loading import load_model
-from elastic_bench.training.engine import LossModel, row_inputs, training_backend
+from elastic_bench.training.engine import LossModel, RunOptions, row_inputs, training_backend
 
 TARGETS = {"sensitive": 0.3, "robust": 1.0}
 SMALL = ModeConfig(sink=4, local=32, granularity="token")
 
 
-def config(tmp_path, **overrides) -> TrainConfig:
+def config(**overrides) -> RouterTrainConfig:
     base = dict(
-        model="tiny:qwen3", data="synthetic", output=str(tmp_path / "out"), steps=3, rows_per_step=1,
-        pack_tokens=1024, targets=TARGETS, attention=SMALL, synthetic_samples=16, synthetic_length=250,
-        eval_samples=2, device="cpu",
+        model="tiny:qwen3", data="synthetic", steps=3, rows_per_step=1, pack_tokens=1024, targets=TARGETS,
+        attention=SMALL, synthetic_samples=16, synthetic_length=250, eval_samples=2, device="cpu",
     )
-    return TrainConfig(**{**base, **overrides})
+    return RouterTrainConfig(**{**base, **overrides})
+
+
+def options(tmp_path, save_every: int = 50) -> RunOptions:
+    return RunOptions(output=str(tmp_path / "out"), save_every=save_every, progress=False)
 
 
 def fresh_model():
@@ -103,7 +106,7 @@ def _bank(layers, heads, dim):
 def test_training_changes_routers_and_leaves_the_backbone_bit_identical(tmp_path):
     model, tokenizer = fresh_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    result = train(config(tmp_path, router_lr=1e-2), progress=False, loaded=(model, tokenizer))
+    result = train(config(router_lr=1e-2), options(tmp_path), loaded=(model, tokenizer))
     after = model.state_dict()
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
     assert all(p.grad is None and not p.requires_grad for p in model.parameters())
@@ -128,8 +131,8 @@ def test_acceptance_run_reaches_each_category_target(tmp_path):
     from elastic_bench.tasks.base import render
 
     model, tokenizer = fresh_model()
-    cfg = config(tmp_path, steps=300, synthetic_samples=64, router_lr=3e-3, lambda_lr=0.1, eval_samples=16)
-    result = train(cfg, progress=False, loaded=(model, tokenizer))
+    cfg = config(steps=300, synthetic_samples=64, router_lr=3e-3, lambda_lr=0.1, eval_samples=16)
+    result = train(cfg, options(tmp_path), loaded=(model, tokenizer))
     for category, target in TARGETS.items():
         assert abs(result.final_omega[category] - target) <= 0.1, result.final_omega
     method = Elastic()
@@ -152,7 +155,7 @@ def test_acceptance_run_reaches_each_category_target(tmp_path):
 def test_gumbel_sigmoid_routers_train_save_and_load(tmp_path, tiny_models):
     from elastic_bench.method import load_routers
 
-    result = train(config(tmp_path, relaxation="sigmoid", router_lr=1e-2), progress=False, loaded=fresh_model())
+    result = train(config(relaxation="sigmoid", router_lr=1e-2), options(tmp_path), loaded=fresh_model())
     assert result.routers[0].cls_router_head_agnostic[4].out_features == 1
     assert all(record["router_grad_norm"] > 0 for record in result.log)
     loaded = load_routers(tmp_path / "out")
@@ -168,20 +171,20 @@ def test_gumbel_sigmoid_routers_train_save_and_load(tmp_path, tiny_models):
 def test_centered_routers_learn_their_feature_mean_once_and_save_it(tmp_path):
     from elastic_bench.method import load_routers
 
-    result = train(config(tmp_path, center_features=True), progress=False, loaded=fresh_model())
+    result = train(config(center_features=True), options(tmp_path), loaded=fresh_model())
     means = torch.stack([router.feature_mean for router in result.routers.layers])  # [L, H, D]
     assert means.shape == (2, 2, result.routers.config.head_dim) and means.abs().sum() > 0
     loaded = load_routers(tmp_path / "out")
     assert loaded.config.center_features
     torch.testing.assert_close(torch.stack([r.feature_mean for r in loaded.layers]), means.cpu())
     # computed once, before training: a one-step run starts from the same mean
-    again = train(config(tmp_path / "b", center_features=True, steps=1), progress=False, loaded=fresh_model())
+    again = train(config(center_features=True, steps=1), options(tmp_path / "b"), loaded=fresh_model())
     torch.testing.assert_close(torch.stack([r.feature_mean for r in again.routers.layers]), means)
 
 
 def test_gradient_checkpointing_recomputes_the_same_decisions(tmp_path):
-    plain = train(config(tmp_path / "a", steps=1), progress=False, loaded=fresh_model())
-    ckpt = train(config(tmp_path / "b", steps=1, gradient_checkpointing=True), progress=False, loaded=fresh_model())
+    plain = train(config(steps=1), options(tmp_path / "a"), loaded=fresh_model())
+    ckpt = train(config(steps=1, gradient_checkpointing=True), options(tmp_path / "b"), loaded=fresh_model())
     for key, value in plain.routers.state_dict().items():
         torch.testing.assert_close(ckpt.routers.state_dict()[key], value)
     assert plain.log[0]["router_grad_norm"] == pytest.approx(ckpt.log[0]["router_grad_norm"], rel=1e-5)
@@ -203,8 +206,8 @@ def test_length_padding_for_compiled_backends_changes_nothing(tmp_path, monkeypa
 
     monkeypatch.setitem(hybrid._BACKENDS, "flex", hybrid.Backend("flex", spy, lambda device: True, 10))
     attention = ModeConfig(mode="fa-xa", sink=4, local=32, granularity="token", block_size=32, xa_stride=8)
-    plain = train(config(tmp_path / "a", steps=2, attention=attention), progress=False, loaded=fresh_model())
-    padded = train(config(tmp_path / "b", steps=2, attention=attention, backend="flex"), progress=False,
+    plain = train(config(steps=2, attention=attention), options(tmp_path / "a"), loaded=fresh_model())
+    padded = train(config(steps=2, attention=attention, backend="flex"), options(tmp_path / "b"),
                    loaded=fresh_model())
     assert seen and all(length % 32 == 0 for length in seen)
     for key, value in plain.routers.state_dict().items():
@@ -214,7 +217,7 @@ def test_length_padding_for_compiled_backends_changes_nothing(tmp_path, monkeypa
 def test_interrupted_run_resumes_to_the_same_routers(tmp_path, monkeypatch):
     import elastic_bench.method.trainer as trainer
 
-    whole = train(config(tmp_path / "whole", steps=4, save_every=2), progress=False, loaded=fresh_model())
+    whole = train(config(steps=4), options(tmp_path / "whole", save_every=2), loaded=fresh_model())
     real = trainer.temperature
 
     def interrupt(step, *args):
@@ -223,19 +226,19 @@ def test_interrupted_run_resumes_to_the_same_routers(tmp_path, monkeypatch):
         return real(step, *args)
 
     monkeypatch.setattr(trainer, "temperature", interrupt)
-    cfg = config(tmp_path / "split", steps=4, save_every=2)
+    cfg, split = config(steps=4), options(tmp_path / "split", save_every=2)
     with pytest.raises(KeyboardInterrupt):
-        train(cfg, progress=False, loaded=fresh_model())
+        train(cfg, split, loaded=fresh_model())
     monkeypatch.setattr(trainer, "temperature", real)
     assert len((tmp_path / "split" / "out" / "train_log.jsonl").read_text().splitlines()) == 3
-    resumed = train(cfg, progress=False, loaded=fresh_model())
+    resumed = train(cfg, split, loaded=fresh_model())
     for key, value in whole.routers.state_dict().items():
         torch.testing.assert_close(resumed.routers.state_dict()[key], value)
     assert [r["step"] for r in resumed.log] == [1, 2, 3, 4]
-    again = train(cfg, progress=False, loaded=fresh_model())  # complete: nothing more to train
+    again = train(cfg, split, loaded=fresh_model())  # complete: nothing more to train
     assert [r["step"] for r in again.log] == [1, 2, 3, 4]
     with pytest.raises(ValueError, match="different configuration.*router_lr"):
-        train(config(tmp_path / "split", steps=4, save_every=2, router_lr=1e-2), progress=False, loaded=fresh_model())
+        train(config(steps=4, router_lr=1e-2), options(tmp_path / "split", save_every=2), loaded=fresh_model())
 
 
 def test_training_backend_needs_a_differentiable_available_backend():

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from elastic_bench.modeling.loading import load_model, model_context, model_label
+from elastic_bench.modeling.loading import load_model, model_context, resolve_model
 
 
 def test_tiny_models_are_seeded_and_offline():
@@ -31,8 +31,8 @@ def test_unknown_specs_name_valid_ones(spec):
 
 
 def test_labels_are_folder_safe():
-    assert model_label("tiny:qwen3") == "tiny-qwen3"
-    assert model_label("meta-llama/Llama-3.1-8B-Instruct") == "meta-llama--Llama-3.1-8B-Instruct"
+    assert resolve_model("tiny:qwen3").label == "tiny-qwen3"
+    assert resolve_model("meta-llama/Llama-3.1-8B-Instruct").label == "meta-llama--Llama-3.1-8B-Instruct"
 
 
 @pytest.mark.parametrize("name_or_path, label", [
@@ -46,7 +46,7 @@ def test_a_folder_is_labelled_by_its_config_name(tmp_path, name_or_path, label):
     folder = tmp_path / "ckpt-7"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "llama", "_name_or_path": name_or_path}))
-    assert model_label(str(folder)) == label
+    assert resolve_model(str(folder)).label == label
 
 
 def test_the_context_record_holds_positions_and_rope(tiny_models):

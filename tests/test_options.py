@@ -14,6 +14,7 @@ from typing import Literal
 import pytest
 
 from elastic_bench import cli
+from elastic_bench.foundation.commands import Command
 from elastic_bench.foundation.options import add_options, check_fields, check_value, command_line, field_help, from_args
 
 COMMAND_LEVEL = {"help", "config", "method_option"}  # options of the command line itself, not of a config
@@ -36,19 +37,21 @@ def _fields(cls: type) -> dict[str, dataclasses.Field]:
 
 def test_every_option_default_is_its_dataclass_field_default():
     _, commands = cli.build_parser()
-    assert set(commands) >= set(cli.CONFIGS)
+    declared = {c.name: c for c in cli.declared() if isinstance(c, Command)}
+    assert set(commands) == set(declared)
     for name, p in commands.items():
-        classes = cli.config_classes(name) if name in cli.CONFIGS else []
-        fields = {k: f for cls in classes for k, f in _fields(cls).items()}
+        command = declared[name]
+        fields = {k: f for cls in command.config_classes() for k, f in _fields(cls).items()}
         seen = set()
         for action in p._actions:
             if action.dest in COMMAND_LEVEL:
                 continue
             assert action.dest in fields, f"`{name}` option {action.option_strings or action.dest} has no config field"
-            assert action.default == _default(fields[action.dest]), f"`{name}` --{action.dest}"
+            default = command.defaults.get(action.dest, _default(fields[action.dest]))  # the command's, or the field's
+            assert action.default == default, f"`{name}` --{action.dest}"
             assert action.help, f"`{name}` --{action.dest} has no help"
             seen.add(action.dest)
-        skipped = set(cli.SKIPPED.get(name, ()))
+        skipped = set(command.skipped)
         assert seen | skipped == set(fields), f"`{name}`: fields without an option: {set(fields) - seen - skipped}"
 
 

@@ -10,10 +10,10 @@ import sys
 import pytest
 
 from elastic_bench import cli
-from elastic_bench.foundation.files import digest, write_json, write_jsonl
 from elastic_bench.reports import compare, load_cells, pareto_front, run_names, summarize, write_report
-from elastic_bench.reports.labels import short_label
-from elastic_bench.reports.tables import adaptive_sparsity, benchmark_tables, pair_differences
+from elastic_bench.reports.labels import folder_options, short_label
+from elastic_bench.reports.tables import adaptive_sparsity, benchmark_tables, legend, pair_differences
+from elastic_bench.results.store import Cell
 
 
 def _row(md: str, first: str, after: str = "") -> list[str]:
@@ -24,21 +24,24 @@ def _row(md: str, first: str, after: str = "") -> list[str]:
 
 
 def _cell(root, method, task, length, score, esr, prefill, status="complete", model="m", device="NVIDIA H200",
-          backend="split", options=None, category=None, scores=None):
-    folder = root / model / method / task / str(length)
+          backend="split", options=None, category=None, scores=None, artifacts=None, git_hash="abc123"):
+    """A cell as the runner writes it, through the results store (its predictions' count, ids and digest recorded)."""
+    cell = Cell(root, model, method, task, length)
+    cell.dir.mkdir(parents=True, exist_ok=True)
     metrics = {"status": status, "num_samples": 4, "device": device, "backend_used": backend,
                "method": method.split("-")[0], "method_options": options or {}, "versions": {"torch": "2.9"},
-               "git_hash": "abc123", "date": "2026-01-01T00:00:00+00:00"}
+               "fingerprint": {"method": method.split("-")[0], "artifacts": artifacts or {}},
+               "git_hash": git_hash, "source_digest": "5ca1ab1e0ddba11s", "date": "2026-01-01T00:00:00+00:00"}
     if status == "complete":
-        scores = scores or [score / 100] * 4
         meta = {"length": length, **({"category": category} if category else {})}
-        write_jsonl(folder / "predictions.jsonl", [{"id": str(i), "score": s, "metadata": meta, "omega_msr": esr * 2,
-                                                    "decisions": [[i % 2, 1], [0, 1]]} for i, s in enumerate(scores)])
+        for i, s in enumerate(scores or [score / 100] * 4):
+            cell.append({"id": str(i), "score": s, "metadata": meta, "omega_msr": esr * 2,
+                         "decisions": [[i % 2, 1], [0, 1]]})
         metrics.update(score=score, omega_msr=esr * 2, omega_esr=esr, prefill_seconds=prefill * 2,
-                       prefill_seconds_median=prefill, predictions_sha256=digest(folder / "predictions.jsonl"))
+                       prefill_seconds_median=prefill)
     else:
         metrics["error"] = "out of memory at 4096 tokens (rank 0)"
-    write_json(folder / "metrics.json", metrics)
+    cell.finish(metrics)
 
 
 @pytest.fixture
@@ -125,11 +128,14 @@ def test_labels_are_short_and_never_show_absolute_paths(tmp_path):
     options = {"pattern": "/home/x/Meta-Llama-3.1-8B-Instruct", "sparsity": 0.7, "sink": 64}
     assert short_label(folder, "duo_attention", options) == "duo_attention (pattern=Meta-Llama-3.1-8B-Instruct, s=0.7)"
     assert short_label("full", "full", {}) == "full"
+    # options the cell does not record (a learned file, known by its digest) keep the value the folder gives them
+    assert folder_options("elastic-router=r_0.6-sink=16", "elastic") == {"router": "r_0.6", "sink": "16"}
+    assert short_label("elastic-router=sensitive_0.6", "elastic", {"mode": None}) == "elastic (router=sensitive_0.6)"
     _cell(tmp_path, folder, "t", 1024, 50.0, 0.3, 1.0, options=options)
     write_report(summarize(load_cells(tmp_path)), tmp_path / "out", source="x")
     md = (tmp_path / "out" / "report.md").read_text()
     assert "/home/x" not in md and "%2F" not in md
-    assert "pattern=Meta-Llama-3.1-8B-Instruct, sparsity=0.7, sink=64" in md  # the legend: every option
+    assert "| pattern=Meta-Llama-3.1-8B-Instruct, sparsity=0.7, sink=64 |" in md  # the legend: every option
     assert run_names(["a/demo", "b/demo"]) == ["a/demo", "b/demo"] and run_names(["x/a", "x/b"]) == ["a", "b"]
 
 
@@ -222,9 +228,88 @@ def test_a_complete_cell_whose_predictions_were_cut_is_reported_as_failed(run_di
     assert not cell.complete and "not the one its metrics.json was computed from" in cell.error
 
 
-def test_speedups_timed_on_the_cpu_or_the_reference_backend_are_marked(tmp_path):
-    _cell(tmp_path, "full", "t", 1024, 50.0, 0.0, 2.0, device="cpu (x86_64)", backend="reference")
-    _cell(tmp_path, "streaming", "t", 1024, 40.0, 0.5, 4.0, device="cpu (x86_64)", backend="reference")
+@pytest.mark.parametrize("device, backend, full_seconds", [("cpu (x86_64)", "reference", 2.0),
+                                                            ("NVIDIA H200", "triton", 0.06)],
+                         ids=["cpu", "launch-bound"])
+def test_prefill_times_that_do_not_measure_attention_get_a_sentence_not_a_speedup_frontier(tmp_path, device, backend,
+                                                                                            full_seconds):
+    for length in (1024, 2048):
+        _cell(tmp_path, "full", "t", length, 50.0, 0.0, full_seconds, device=device, backend=backend)
+        _cell(tmp_path, "streaming", "t", length, 40.0, 0.5, full_seconds / 2, device=device, backend=backend)
+    (comparison,) = summarize(load_cells(tmp_path))
+    assert [f.axis for f in comparison.frontiers] == ["omega_esr"]
+    why = "timed on the CPU" if device.startswith("cpu") else "60 ms in all 2 comparable cells, under the 100 ms"
+    assert comparison.speedup_note.startswith("No speedup frontier:") and why in comparison.speedup_note
+    written = write_report([comparison], tmp_path / "out", source=str(tmp_path))
+    assert "m-frontier-speedup.png" not in {p.name for p in written}
+    md = (tmp_path / "out" / "report.md").read_text()
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert _row(md, "streaming")[5] == "2.00 *"  # the speedup stays in the table, marked, with the sentence under it
+    assert f"* {comparison.speedup_note}" in md and md.count(comparison.speedup_note) == 2  # under the table, and
+    assert html.count("No speedup frontier:") == 2  # in the plot's place, in both files
+    assert "speedup" not in _row(md, "streaming")[-1]  # on no speedup frontier
+
+
+def test_a_long_enough_gpu_prefill_draws_the_speedup_frontier(tmp_path):
+    _cell(tmp_path, "full", "t", 1024, 50.0, 0.0, 0.1)  # the threshold itself counts
+    _cell(tmp_path, "streaming", "t", 1024, 40.0, 0.5, 0.05)
+    (comparison,) = summarize(load_cells(tmp_path))
+    assert comparison.speedup_note == "" and {f.axis for f in comparison.frontiers} == {"omega_esr", "speedup"}
+
+
+def test_the_legend_of_a_two_router_run_tells_the_routers_apart(tmp_path):
+    options = {"mode": None, "sink": None, "local": None, "seed": 0}
+    for target, sha in (("0.6", "818e76e2" + "0" * 56), ("0.9", "d0927dae" + "1" * 56)):
+        _cell(tmp_path, f"elastic-router=sensitive_{target}", "t", 1024, 98.0, 0.5, 1.0, options=options,
+              artifacts={"router": sha})
+    _cell(tmp_path, "full", "t", 1024, 99.0, 0.0, 2.0)
+    (comparison,) = summarize(load_cells(tmp_path))
+    labels = [c.label for c in comparison.configs]
+    assert labels == ["full", "elastic (router=sensitive_0.6)", "elastic (router=sensitive_0.9)"]
+    frame = legend(comparison).frame
+    assert frame.loc["elastic (router=sensitive_0.6)", "learned files"] == "router=sensitive_0.6 · 818e76e2"
+    assert frame.loc["elastic (router=sensitive_0.9)", "learned files"] == "router=sensitive_0.9 · d0927dae"
+    assert frame.loc["elastic (router=sensitive_0.9)", "options"] == "seed=0"  # no `mode=None`
+    assert frame.loc["elastic (router=sensitive_0.9)", "unset"] == "mode, sink, local"
+    assert len(frame.drop_duplicates()) == len(frame)  # no two rows alike
+
+
+def test_provenance_shows_a_dirty_tree_and_the_source_digest(tmp_path):
+    dirty = "c70e9b71451b55fdadb97c158a658715849440e2-dirty"
+    _cell(tmp_path, "full", "t", 1024, 99.0, 0.0, 2.0, git_hash=dirty)
+    _cell(tmp_path, "streaming", "t", 1024, 50.0, 0.5, 1.0, git_hash="c70e9b71451b55fdadb97c158a658715849440e2")
     write_report(summarize(load_cells(tmp_path)), tmp_path / "out", source=str(tmp_path))
     md = (tmp_path / "out" / "report.md").read_text()
-    assert _row(md, "streaming")[5:8] == ["0.50 *", "reference", "cpu (x86_64)"] and "does not measure kernel" in md
+    assert _row(md, "git hash")[1] == "c70e9b71451b, c70e9b71451b-dirty"
+    assert _row(md, "source digest")[1] == "5ca1ab1e0ddba11s"
+
+
+def test_every_score_point_has_its_interval_from_the_per_sample_scores(run_dir):
+    (comparison,) = summarize(load_cells(run_dir))
+    for config in comparison.configs:
+        interval = config.score_interval
+        assert interval.n == 16 and interval.low <= config.score <= interval.high  # 4 cells × 4 samples
+        assert interval.mean == pytest.approx(config.score)
+
+
+def test_the_shipped_sweep_renders_with_its_routers_told_apart(tmp_path):
+    from elastic_bench.modeling.loading import TESTBED_DIR
+
+    (comparison,) = summarize(load_cells(TESTBED_DIR / "sweep_run"))
+    routers = [c.label for c in comparison.configs if c.method_name == "elastic"]
+    assert routers == [f"elastic (router=sensitive_{t})" for t in ("0.6", "0.7", "0.8", "0.9")]
+    assert all("=" not in c.label.split(" (")[0] for c in comparison.configs)  # no folder names as labels
+    assert "launch" in comparison.speedup_note  # H200 prefills of a tiny model: 40-81 ms
+    written = write_report([comparison], tmp_path / "out", source="sweep")
+    assert all(p.exists() for p in written)
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "c70e9b71451b-dirty" in md and len(set(legend(comparison).frame["learned files"])) == 7
+
+
+def test_a_metrics_file_outside_a_cell_folder_is_refused_in_one_line(run_dir, capsys):
+    task = run_dir / "m" / "full" / "lb_qa"
+    (task / "long").mkdir()
+    Cell(run_dir, "m", "full", "lb_qa", 1024).metrics_path.rename(task / "long" / "metrics.json")  # not a length
+    assert cli.main(["report", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "is not a cell folder (<model>/<method>/<task>/<length>" in err and err.count("\n") == 1

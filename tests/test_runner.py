@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -85,12 +86,62 @@ def test_a_folder_of_another_configuration_is_refused_before_any_work(tmp_path, 
 
 
 def test_failed_cell_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
-    config = small_config(tmp_path, lengths=[64, 640])  # 64 tokens cannot hold the template
+    monkeypatch.delenv("ELASTIC_BENCH_DATA", raising=False)  # ruler_niah_single_2 reads RULER's essays: not there
+    config = small_config(tmp_path, tasks=["ruler_niah_single_2", "ruler_niah_single_1"], lengths=[640],
+                          data_dir=str(tmp_path / "no-data"))
     rows = run(config)
-    statuses = {(r["method"], r["length"]): r["status"] for r in rows}
-    assert statuses[("full", 64)] == "failed" and statuses[("full", 640)] == "complete"
-    metrics = Cell(config.output, "tiny-qwen3", "full", "ruler_niah_single_1", 64).metrics()
-    assert "too short" in metrics["error"]
+    statuses = {(r["method"], r["task"]): r["status"] for r in rows}
+    assert statuses[("full", "ruler_niah_single_2")] == "failed"
+    assert statuses[("full", "ruler_niah_single_1")] == "complete"
+    metrics = Cell(config.output, "tiny-qwen3", "full", "ruler_niah_single_2", 640).metrics()
+    assert "PaulGrahamEssays" in metrics["error"]
+
+
+def test_a_length_too_short_for_a_task_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    from elastic_bench.modeling import loading
+
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(ValueError, match="too short"):
+        run(small_config(tmp_path, lengths=[64, 640]))
+    assert not any((tmp_path / "run").glob("*/*/*/*/metrics.json"))
+
+
+def test_a_run_resolves_its_model_spec_once(tmp_path, monkeypatch):
+    from elastic_bench.modeling import loading
+
+    model, tokenizer = loading.load_model("tiny:llama", device="cpu")
+    folder = tmp_path / "tiny-folder"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    calls = {"resolve_model": [], "gguf_file": []}
+    for name, found in calls.items():
+        original = getattr(loading, name)
+
+        def counting(spec, *args, original=original, found=found, **kwargs):
+            if isinstance(spec, str):  # a resolved `ModelSource` is passed through, not resolved again
+                found.append(spec)
+            return original(spec, *args, **kwargs)
+
+        monkeypatch.setattr(loading, name, counting)
+    rows = run(small_config(tmp_path, model=str(folder), methods=["full", "streaming"], lengths=[640, 768],
+                            limit=1))
+    assert [r["status"] for r in rows] == ["complete"] * 4 and {r["model"] for r in rows} == {"tiny-folder"}
+    assert calls == {"resolve_model": [str(folder)], "gguf_file": [str(folder)]}
+
+
+def test_auto_batches_four_on_the_cpu_after_the_timed_prompts(tmp_path, counted_generation):
+    """``batch_size: auto`` is 4 on the CPU: after the one timed prompt, four run as a batch and the last one alone;
+    prompts run alone are timed, the batched ones give the cell's throughput."""
+    config = small_config(tmp_path, methods=["full"], lengths=[640], method_options={}, limit=6, batch_size="auto",
+                          timed_samples=1)
+    run(config)
+    cell = Cell(config.output, "tiny-qwen3", "full", "ruler_niah_single_1", 640)
+    records, metrics = cell.predictions(), cell.metrics()
+    assert [r["batch_size"] for r in records] == [1, 4, 4, 4, 4, 1] and len(counted_generation) == 2
+    assert [r["prefill_seconds"] is not None for r in records] == [True, False, False, False, False, True]
+    assert all(r["generation_seconds"] > 0 for r in records[1:5]) and "generation_seconds" not in records[0]
+    assert metrics["batch_size"] == "auto" and metrics["batch_size_used"] == 4 and metrics["prefill_samples"] == 2
+    assert metrics["samples_per_second"] == pytest.approx(4 / sum(r["generation_seconds"] for r in records[1:5]))
 
 
 def test_config_validation_and_yaml(tmp_path):
@@ -113,6 +164,8 @@ def test_config_validation_and_yaml(tmp_path):
         (["run", "--tasks", "ruler_niah_single"], "did you mean ruler_niah_single_"),
         (["run", "--model", "tiny:qwen"], "did you mean tiny:qwen3"),
         (["run", "-O", "streaming.lokal=3"], "did you mean local"),
+        (["run", "--batch-size", "0"], "batch_size must be at least 1 or auto, got 0"),
+        (["run", "--timed-samples", "-1"], "timed_samples must be >= 0"),
     ],
 )
 def test_cli_user_errors_are_one_line(argv, expected, capsys):
@@ -126,7 +179,7 @@ def test_cli_subprocess_exit_code_and_listing(tmp_path):
                          text=True)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1
     listing = subprocess.run([sys.executable, "-m", "elastic_bench", "methods"], capture_output=True, text=True)
-    assert listing.returncode == 0 and "streaming" in listing.stdout and "local=2048" in listing.stdout
+    assert listing.returncode == 0 and "streaming" in listing.stdout and re.search(r"\blocal +2048 ", listing.stdout)
 
 
 def test_cli_run_writes_summary(tmp_path, capsys):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import site
 import subprocess
 import sys
 import zipfile
@@ -58,7 +57,8 @@ def installed(tmp_path_factory) -> Path:
     python = env / "bin" / "python"
     target = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                             check=True, capture_output=True, text=True).stdout.strip()
-    Path(target, "reused_dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    reused = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]  # this environment's, all of them
+    Path(target, "reused_dependencies.pth").write_text("\n".join(reused) + "\n")
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index",
                     str(wheel)], check=True, capture_output=True)
     return wheel

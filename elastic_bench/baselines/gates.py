@@ -23,9 +23,10 @@ Prefill deployments (``prefill``), each computed in one forward of the prompt:
   forward with that pattern (`StreamingGeometry.chunk_starts`) equals the chunk-by-chunk loop.
 - ``"longbench"``: DuoAttention's LongBench evaluation (``eval/LongBench/pred.py``): all but the last 50 prompt tokens
   as the dense first chunk, then those 50 one at a time.
-Decode steps of streaming heads see only sink + window, as upstream's compressed cache does (compute only: the KV
-cache is not evicted): ``local`` tokens with the query's own after a one-shot prefill; after a chunked one, as
-upstream's decode step, its ``local`` cached tokens and itself.
+Decode steps of streaming heads see only sink + window, as upstream's compressed cache does: ``local`` tokens with the
+query's own after a one-shot prefill; after a chunked one, as upstream's decode step, its ``local`` cached tokens and
+itself. Under `elastic_bench.apply`'s default ``kv_cache="evicting"`` the packed KV cache keeps only those tokens of a
+streaming head, so its memory is evicted too (``kv_cache="full"`` keeps every token and masks).
 """
 
 from __future__ import annotations

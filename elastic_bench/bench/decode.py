@@ -28,14 +28,15 @@ import functools
 import statistics
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 import torch
 
 from elastic_bench.bench import formatted, with_provenance
+from elastic_bench.kernels.timing import DeviceTimer
+from elastic_bench.modeling.choices import KVCache
 
 METHODS = ("full", "duo_attention", "streaming", "elastic")
-CACHES = ("dynamic", "full", "evicting")
 NOMINAL_BANDWIDTH = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0, "B200": 8000.0}  # GB/s, HBM spec sheets
 
 
@@ -70,7 +71,7 @@ class DecodeBenchConfig:
     model: str = "random:llama-3.1-8b"
     lengths: list[int] = field(default_factory=lambda: [32768, 131072, 262144])
     methods: list[str] = field(default_factory=lambda: ["full", "duo_attention"])
-    kv_caches: list[str] = field(default_factory=lambda: list(CACHES))
+    kv_caches: list[str] = field(default_factory=lambda: ["dynamic", "full", "evicting"])
     omega_msr: float = 0.7
     router: str | None = None
     backend: str = "auto"
@@ -86,7 +87,8 @@ class DecodeBenchConfig:
     progress: bool = True
 
     def __post_init__(self):
-        for name, values, valid in (("methods", self.methods, METHODS), ("kv_caches", self.kv_caches, CACHES)):
+        for name, values, valid in (("methods", self.methods, METHODS), ("kv_caches", self.kv_caches,
+                                                                           get_args(KVCache))):
             unknown = [v for v in values if v not in valid]
             if unknown or not values:
                 raise ValueError(f"--{name.replace('_', '-')}: unknown or none {unknown}; valid: {', '.join(valid)}")
@@ -138,31 +140,30 @@ def bandwidth_gbs(device: torch.device, given: float | None) -> tuple[float, str
             return gbs, f"nominal ({gpu})"
     src = torch.empty(2**30, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    timer = DeviceTimer(device)
     dst.copy_(src)
-    start.record()
-    for _ in range(10):
-        dst.copy_(src)
-    end.record()
-    end.synchronize()
-    return 2 * 10 * src.numel() / (start.elapsed_time(end) / 1000) / 1e9, "measured (device copy)"
+    with timer.span():
+        for _ in range(10):
+            dst.copy_(src)
+    (seconds,) = timer.elapsed()
+    return 2 * 10 * src.numel() / seconds / 1e9, "measured (device copy)"
 
 
 def time_decode(model, cache, tokens: torch.Tensor, warmup: int, device: torch.device,
                 graphs: bool = False) -> tuple[list[float], Any]:
-    """Seconds of each of the timed decode steps (``tokens[warmup:]``) after the untimed ones; and the cache. With
-    ``graphs``, every step runs the model's small operations compiled (`elastic_bench.modeling.fusion.fused_ops`) and
-    the
-    timed steps replay one CUDA graph of the step, captured after the untimed ones (`DecodeGraph`)."""
+    """Seconds of each of the timed decode steps (``tokens[warmup:]``) after the untimed ones; and the cache. The
+    steps are queued without synchronisation, a `DeviceTimer` mark before each and one after the last, so a step's
+    time runs from its mark to the next. With ``graphs``, every step runs the model's small operations compiled
+    (`elastic_bench.modeling.fusion.fused_ops`) and the timed steps replay one CUDA graph of the step, captured after
+    the untimed ones (`DecodeGraph`)."""
     import contextlib
-    import time
 
     from elastic_bench.modeling.fusion import fused_ops
     from elastic_bench.modeling.generation import DecodeGraph
     from elastic_bench.modeling.kv_cache import cache_keyword, returned_cache
 
     name = cache_keyword(model)
-    cuda = device.type == "cuda"
+    timer = DeviceTimer(device)
     marks = []
     graph = None
     with fused_ops(model) if graphs else contextlib.nullcontext():
@@ -171,23 +172,13 @@ def time_decode(model, cache, tokens: torch.Tensor, warmup: int, device: torch.d
                 cache.reserve(tokens.shape[1] - i)
                 graph = DecodeGraph(model, cache, cache.get_seq_length())
             if i >= warmup:
-                marks.append(torch.cuda.Event(enable_timing=True) if cuda else None)
-                if cuda:
-                    marks[-1].record()
-                else:
-                    marks[-1] = time.perf_counter()
+                marks.append(timer.mark())
             if graph is not None:
                 graph.step(tokens[:, i])
             else:
                 cache = returned_cache(model(input_ids=tokens[:, i : i + 1], use_cache=True, **{name: cache}))
-    if cuda:
-        end = torch.cuda.Event(enable_timing=True)
-        end.record()
-        end.synchronize()
-        stamps = [m.elapsed_time(end) / 1000 for m in marks]  # seconds from each mark to the end
-        return [a - b for a, b in zip(stamps, [*stamps[1:], 0.0])], cache
-    stamps = [*marks, time.perf_counter()]
-    return [b - a for a, b in zip(stamps, stamps[1:])], cache
+    marks.append(timer.mark())
+    return timer.elapsed(zip(marks, marks[1:])), cache
 
 
 def _cache_bytes(cache) -> tuple[int, int]:
@@ -392,4 +383,4 @@ def format_table(report: dict[str, Any]) -> str:
     return with_provenance(lines, report)
 
 
-__all__ = ["CACHES", "METHODS", "DecodeBenchConfig", "format_table", "run_decode_bench"]
+__all__ = ["METHODS", "DecodeBenchConfig", "format_table", "run_decode_bench"]

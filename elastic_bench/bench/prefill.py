@@ -42,23 +42,23 @@ import functools
 import math
 import statistics
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, get_args
 
 import torch
 
 from elastic_bench.bench import formatted, with_provenance
 from elastic_bench.kernels import BlockSelection, HeadPlan, Mode, sample_means
-from elastic_bench.method.modes import ModeConfig
+from elastic_bench.kernels.timing import DeviceTimer
+from elastic_bench.method.modes import ModeConfig, ModeName
 from elastic_bench.modeling.attention import attention_implementation
 from elastic_bench.modeling.interface import AttentionCall, Method
 
 REFERENCES = ("floor", "full")  # run at every length, first: every ratio needs them
-MODES = ("fa-ssa", "fa-xa", "xa-ssa")
+MODES = get_args(ModeName)
 METHODS = (*REFERENCES, "sdpa", *MODES, "duo_attention", "streaming", "xattention", "elastic")
 FLOOR_ATTENTION = "_elastic_bench_floor"  # the no-op attention's name in transformers' AttentionInterface
 STAT_KEYS = ("omega_msr", "omega_esr", "omega_esr_last_row", "num_samples", "per_sample", "prefill_backends")
@@ -146,13 +146,15 @@ class PrefillBenchConfig:
 
 
 class Stopwatch:
-    """Named spans of work in each timed forward: CUDA events on a CUDA device (read after one synchronisation at the
-    end), perf_counter elsewhere. Spans outside a timed forward (``forward`` None: the warm-up) are not kept."""
+    """Named spans of work in each timed forward, timed by a `DeviceTimer` (CUDA events on a CUDA device, read after
+    one synchronisation at the end; perf_counter elsewhere). Spans outside a timed forward (``forward`` None: the
+    warm-up) are not kept."""
 
     def __init__(self, device: torch.device):
-        self.device, self.cuda = device, device.type == "cuda"
+        self.timer = DeviceTimer(device)
+        self.cuda = self.timer.cuda
         self.forward: int | None = None  # index of the timed forward under way
-        self._spans: list[tuple[str, int, Any, Any]] = []
+        self._names: list[tuple[str, int]] = []  # (name, forward) of each span of the timer
 
     @contextmanager
     def span(self, name: str) -> Iterator[None]:
@@ -161,24 +163,14 @@ class Stopwatch:
         if index is None:
             yield
             return
-        if self.cuda:
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+        with self.timer.span():
             yield
-            stop.record()
-            self._spans.append((name, index, start, stop))
-        else:
-            t = time.perf_counter()
-            yield
-            self._spans.append((name, index, t, time.perf_counter()))
+        self._names.append((name, index))
 
     def totals(self, forwards: int) -> dict[str, list[float]]:
         """``{name: [seconds in forward 0, 1, ...]}``: the sum of each name's spans per timed forward."""
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
         found: dict[str, list[float]] = {}
-        for name, index, start, stop in self._spans:
-            seconds = start.elapsed_time(stop) / 1e3 if self.cuda else stop - start
+        for (name, index), seconds in zip(self._names, self.timer.elapsed(), strict=True):
             found.setdefault(name, [0.0] * forwards)[index] += seconds
         return found
 
@@ -236,7 +228,7 @@ class SeededModes(Method):
 
     name: ClassVar[str] = "seeded-modes"
 
-    mode: Literal["fa-ssa", "fa-xa", "xa-ssa"] = "fa-ssa"
+    mode: ModeName = "fa-ssa"
     omega_msr: float = 0.7
     density: float | None = None
     seed: int = 0

@@ -2,10 +2,11 @@
 
 Command line: ``elastic-bench lm-eval run --model elastic --model_args
 pretrained=testbed,method=streaming,method_local=256 --tasks ...`` (every lm-eval flag works; ``--device`` is lm-eval's
-own). Python: ``ElasticLM(pretrained="tiny:qwen3", method="streaming")`` passed to ``lm_eval.simple_evaluate``.
-Scores follow lm-eval's protocol (its prompts, truncation and scorers), which differs from the official ones that
-``elastic-bench run`` reproduces: label such numbers "lm-eval protocol" (docs/benchmarks.md). Needs the ``lm-eval``
-extra.
+own). Python: ``ElasticLM(pretrained="tiny:qwen3", method="streaming")`` passed to ``lm_eval.simple_evaluate``, or
+``model="elastic"`` once this module is imported (importing it registers the model with lm-eval; lm-eval releases
+that discover plugins read the ``lm_eval.models`` entry point instead, ``pyproject.toml``). Scores follow lm-eval's
+protocol (its prompts, truncation and scorers), which differs from the official ones that ``elastic-bench run``
+reproduces: label such numbers "lm-eval protocol" (docs/benchmarks.md). Needs the ``lm-eval`` extra.
 
 Design decisions:
 - Model arguments are lm-eval's own (`HFLM`'s), ``method=``, ``method_<knob>=`` (typed with the knob's field type:
@@ -15,6 +16,10 @@ Design decisions:
   bridge records the true row lengths as lm-eval pads them and runs the forward left-aligned with a 2-D mask and
   explicit positions, so routing and sparsity of a row do not depend on its neighbours (generation is left-padded
   with a mask already).
+- Greedy generation runs the harness's own batched loop (`elastic_bench.modeling.generation.generate`, as
+  ``elastic-bench run`` does): each row stops at the model's end-of-sequence ids or once one of lm-eval's stop strings
+  appears in its last tokens (as lm-eval's stopping criterion reads them) and then leaves the batch; lm-eval cuts the
+  text at its stop strings as with transformers' ``generate``, which still runs sampled generation.
 - Requests are run one task at a time; ``handle.stats()`` of each (task, request type) is kept, returned by
   `ElasticLM.get_model_info` (so it lands in lm-eval's results under ``config.elastic_bench``) and written as
   ``sparsity_<date>.json`` beside lm-eval's ``results_<date>.json`` when lm-eval saves its results.
@@ -61,6 +66,7 @@ from elastic_bench.foundation.options import check_value
 from elastic_bench.foundation.registry import did_you_mean
 from elastic_bench.kernels import Mode, causal_pairs, sample_means
 from elastic_bench.modeling.attention import apply
+from elastic_bench.modeling.generation import LeftPadded, generate, stop_ids
 from elastic_bench.modeling.interface import REGISTRY, get_method
 from elastic_bench.modeling.loading import check_device, load_model
 
@@ -69,6 +75,7 @@ OUR_ARGS = ["method", "kernel_backend"]
 WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False, "none": None, "null": None}
 logger = logging.getLogger(__name__)
 REPORT_KEY = "elastic_bench"  # where the method and its sparsity go in lm-eval's results config and samples
+GREEDY_KWARGS = {"attention_mask", "do_sample", "temperature", "top_p", "top_k"}  # what greedy generation may be given
 
 
 @register_model("elastic")
@@ -208,26 +215,50 @@ class ElasticLM(HFLM):
             return left_aligned(self.model, inps, torch.tensor(lengths, device=inps.device))
 
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs: Any):
-        """lm-eval's generation of the left-padded ``context [B, P]``; its prompt rows are noted."""
+        """lm-eval's generation of the left-padded ``context [B, P]`` up to ``max_length`` tokens in all → ``[B, P +
+        new]`` (rows that stopped early end in their stop token, then padding); its prompt rows are noted. Greedy
+        generation runs `elastic_bench.modeling.generation.generate`, anything else transformers' ``generate``."""
         mask = generation_kwargs.get("attention_mask")  # [B, P]
+        lengths = mask.sum(dim=1).tolist() if mask is not None else [context.shape[1]] * context.shape[0]
         if self._rows is not None:
-            self._rows.add(mask.sum(dim=1).tolist() if mask is not None else [context.shape[1]] * context.shape[0])
-        return super()._model_generate(context, max_length, stop, **generation_kwargs)
+            self._rows.add(lengths)
+        greedy = not generation_kwargs.get("do_sample") and not generation_kwargs.get("temperature")
+        if not greedy or set(generation_kwargs) - GREEDY_KWARGS:
+            return super()._model_generate(context, max_length, stop, **generation_kwargs)
+        B, P = context.shape
+        prompts = [row[P - n :] for row, n in zip(context.tolist(), lengths)]
+        budget = max_length - P
+        pad = self.tokenizer.pad_token_id or 0
+        with torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype,
+                            enabled=self.mixed_precision_dtype is not None):
+            batch = generate(self.model, prompts, [budget] * B, [stop_ids(self.model, self.tokenizer)] * B,
+                             finished=stop_strings(self.tokenizer, stop), pad_id=pad)
+        rows = [r.tokens + ([r.stop_token] if r.stop_token is not None else []) for r in batch.rows]
+        width = max(map(len, rows))
+        new = torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=context.dtype, device=context.device)
+        return torch.cat([context, new.view(B, width)], dim=1)
 
 
 def left_aligned(model: torch.nn.Module, inps: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """Logits ``[B, P, V]`` of the right-padded ``inps [B, P]`` (row i holds ``lengths[i]`` tokens, then padding),
-    computed with every row moved to the right end (left padding, a 2-D attention mask, positions from 0 at each
-    row's first token) and moved back: row i's logits ``[:lengths[i]]`` are its own; the rest are padding's."""
-    B, P = inps.shape
-    steps = torch.arange(P, device=inps.device).expand(B, P)
-    shift = (P - lengths)[:, None]  # [B, 1] padding of each row
-    left = inps.gather(1, (steps - shift) % P)  # row i rotated right by shift[i]
-    mask = steps >= shift
-    positions = (steps - shift).clamp(min=0)
-    logits = model(input_ids=left, attention_mask=mask.long(), position_ids=positions).logits
-    back = ((steps + shift) % P)[..., None].expand(-1, -1, logits.shape[-1])
-    return logits.gather(1, back)
+    computed with every row moved to the right end (`LeftPadded`: left padding, a 2-D attention mask, positions from 0
+    at each row's first token) and moved back: row i's logits ``[:lengths[i]]`` are its own; the rest are
+    padding's."""
+    batch = LeftPadded.from_right_padded(inps, lengths)
+    logits = model(input_ids=batch.ids, attention_mask=batch.mask, position_ids=batch.positions).logits
+    return batch.to_right_padded(logits)
+
+
+def stop_strings(tokenizer: Any, stop: list[str]) -> Callable[[int, list[int]], bool]:
+    """Whether a row's generated tokens end its generation: one of ``stop`` appears in the text of its last tokens,
+    each string looked for in as many tokens as it encodes to plus two, as lm-eval's `MultiTokenEOSCriteria` looks
+    (a string a tokenizer splits otherwise than the model wrote it is still found)."""
+    lookback = {text: len(tokenizer.encode(text, add_special_tokens=False)) + 2 for text in stop}
+
+    def finished(_: int, tokens: list[int]) -> bool:
+        return any(text in tokenizer.decode(tokens[-n:]) for text, n in lookback.items())
+
+    return finished
 
 
 # ---- per-request sparsity ----------------------------------------------------------------------------------------

@@ -4,7 +4,12 @@ Design decisions:
 - Config layering: `RunConfig` defaults → YAML file → command-line flags, each value type-checked, the whole validated
   in ``__post_init__`` (unknown methods, method options, tasks and backends fail before the model loads).
 - Samples of a (task, length) are generated once and shared by every method, so methods see identical prompts.
-- One prompt at a time (batch 1, the paper's setting), greedy, with the prefill timed on its own.
+- Greedy generation. With ``batch_size`` 1 (the paper's setting) every prompt runs alone and its prefill is timed.
+  Larger batches: the cell's first ``timed_samples`` prompts still run alone after the warm-up and alone give the
+  cell's prefill times; the others run ``batch_size`` at a time (left-padded, each routed on its own tokens, finished
+  rows leaving the batch) and give the cell's ``samples_per_second`` and ``decode_ms_per_token`` at that batch, never
+  a prefill time. Their predictions, scores, sparsity and KV bytes are those of batch 1. Follow-up turns (chain of
+  thought) run alone.
 - Under ``torchrun`` every rank (one GPU each) takes every W-th remaining sample of a cell; rank 0 merges the
   predictions and writes the metrics.
 - A cell that fails (out of memory, a malformed record, a missing corpus) is recorded as failed with its error; the
@@ -18,22 +23,30 @@ import math
 import statistics
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
 from elastic_bench import tasks as task_registry
 from elastic_bench.foundation.options import check_fields, check_value
 from elastic_bench.foundation.registry import did_you_mean
-from elastic_bench.kernels import backend_names
-from elastic_bench.modeling.interface import Method, get_method
+from elastic_bench.modeling.choices import KVCache
 from elastic_bench.results.store import Cell
 
-# Per-sample values averaged into a cell's metrics.
-MEANS = ("omega_msr", "omega_esr", "omega_esr_last_row", "prefill_seconds", "decode_ms_per_token", "kv_bytes",
-         "kv_bytes_full")
+if TYPE_CHECKING:
+    from elastic_bench.modeling.interface import Method
+    from elastic_bench.modeling.loading import ModelSource
+    from elastic_bench.tasks import Sample, Task
+    from elastic_bench.training.distributed import Ranks
+
+# Per-sample values averaged into a cell's metrics (``prefill_seconds`` over the prompts timed alone).
+MEANS = ("omega_msr", "omega_esr", "omega_esr_last_row", "prefill_seconds", "kv_bytes", "kv_bytes_full")
+CPU_AUTO_BATCH = 4  # what ``batch_size: auto`` means on the CPU (no memory probe there)
+MAX_AUTO_BATCH = 64  # the largest batch ``auto`` tries on CUDA
+WARM_TOKENS = 256  # prompt tokens of the batch that warms a batch shape's decode graph
 
 
 @dataclass
@@ -58,8 +71,14 @@ class RunConfig:
         kv_cache: what generation decodes with: ``evicting`` (a packed cache; heads a method decodes as streaming keep
             sink + window only), ``full`` (a packed cache keeping every token, as upstream) or ``dynamic``
             (transformers' DynamicCache attended by the prefill kernels).
-        decode_graphs: decode with the model's small operations compiled, the steps after two eager ones replayed as one
-            CUDA graph (CUDA and a packed cache).
+        decode_graphs: decode with the model's small operations compiled, the steps replayed as a CUDA graph captured
+            once per batch shape of a cell (CUDA and a packed cache; a cell's smaller last batch decodes eagerly).
+        batch_size: prompts generated together (left-padded, each routed on its own) after a cell's timed ones;
+            ``auto``: the largest batch of the cell's longest prompt that fits on the GPU, found once per length
+            (halved when a batch runs out of memory), 4 on the CPU. Predictions, scores, sparsity and KV bytes are those
+            of batch 1.
+        timed_samples: with batches, the first N prompts of each cell run alone (batch 1) and give its prefill times;
+            the batched ones give samples_per_second and decode_ms_per_token at their batch.
         device: cuda, cpu, cuda:1, ... (none: cuda when available).
         dtype: model weights dtype (none: bfloat16 on CUDA, float32 on the CPU).
         progress: show progress bars.
@@ -79,8 +98,10 @@ class RunConfig:
     output: str = "runs/latest"
     data_dir: str | None = None
     backend: str = "auto"
-    kv_cache: Literal["evicting", "full", "dynamic"] = "evicting"
+    kv_cache: KVCache = "evicting"
     decode_graphs: bool = False
+    batch_size: int | Literal["auto"] = 1
+    timed_samples: int = 3
     device: str | None = None
     dtype: Literal["bfloat16", "float16", "float32"] | None = None
     progress: bool = True
@@ -99,17 +120,24 @@ class RunConfig:
         for name in self.method_options:
             if name not in self.methods:
                 raise ValueError(f"options given for method {name!r}, which is not in methods {self.methods}")
-        if self.dtype not in (None, "bfloat16", "float16", "float32"):
-            raise ValueError(f"dtype must be bfloat16, float16 or float32, got {self.dtype!r}")
-        check_value(RunConfig, "kv_cache", self.kv_cache, "kv_cache")
+        for name in ("kv_cache", "dtype", "batch_size"):  # the parser and `from_yaml` check them too (Python callers)
+            check_value(RunConfig, name, getattr(self, name), name)
+        if self.batch_size != "auto" and self.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1 or auto, got {self.batch_size}")
+        if self.timed_samples < 0:
+            raise ValueError(f"timed_samples must be >= 0, got {self.timed_samples}")
         if self.decode_graphs and self.kv_cache == "dynamic":
             raise ValueError("decode_graphs needs a packed KV cache (kv_cache evicting or full)")
+        task_registry.expand(self.tasks)
+        from elastic_bench.kernels import backend_names  # the checks above import no torch; these do
+
         if self.backend != "auto" and self.backend not in backend_names():
             raise did_you_mean("attention backend", self.backend, ["auto", *backend_names()])
         self.build_methods()
-        task_registry.expand(self.tasks)
 
     def build_methods(self) -> list[Method]:
+        from elastic_bench.modeling.interface import get_method
+
         return [get_method(name, **self.method_options.get(name, {})) for name in self.methods]
 
     @classmethod
@@ -128,39 +156,72 @@ class RunConfig:
         return check_fields(cls, data, str(path))
 
 
+@dataclass
+class _Session:
+    """What every cell of a run shares: its configuration, the model loaded once and what is derived from it."""
+
+    config: RunConfig
+    model: Any
+    tokenizer: Any
+    context: dict[str, Any]  # the model's context length and rope parameters (`loading.model_context`)
+    stop_ids: set[int]  # the model's and tokenizer's end-of-sequence ids
+    ranks: Ranks
+    batch_sizes: dict[int, int] = field(default_factory=dict)  # length → the batch `auto` found (or backed off to)
+
+
+@dataclass
+class _CellInputs:
+    """Everything one cell needs: the run's shared state, the cell's folder, its method, the fingerprint its results
+    are known by (`_fingerprint` plus the length), its task and the task's samples at the cell's length."""
+
+    session: _Session
+    cell: Cell
+    method: Method
+    fingerprint: dict[str, Any]
+    task: Task
+    samples: list[Sample]
+
+
 def run(config: RunConfig) -> list[dict[str, Any]]:
     """Run every cell of ``config`` not yet complete; return one summary row per cell.
 
-    The output folder is locked for the run (`elastic_bench.foundation.files.exclusive`: a second writer stops with the
-    name of
-    the first); before the model loads, every cell of the run is checked: a cell of another configuration stops the
-    run, a cell whose files cannot be trusted (`Cell.verify`) is computed again (``strict``: stops the run).
+    The model spec is resolved once (`elastic_bench.modeling.loading.resolve_model`). The output folder is locked for
+    the run (`elastic_bench.foundation.files.exclusive`: a second writer stops with the name of the first); before the
+    model loads, every cell of the run is checked: a cell of another configuration stops the run, a cell whose files
+    cannot be trusted (`Cell.verify`) is computed again (``strict``: stops the run).
     """
     import torch
 
     from elastic_bench.foundation.files import exclusive
-    from elastic_bench.modeling.loading import load_model, max_positions, model_context, model_dir, model_label
+    from elastic_bench.modeling.generation import stop_ids
+    from elastic_bench.modeling.loading import (
+        check_backend,
+        check_device,
+        load_model,
+        load_tokenizer,
+        model_context,
+        resolve_model,
+    )
     from elastic_bench.training.distributed import Ranks
 
     built = config.build_methods()
     task_names = task_registry.expand(config.tasks)
+    source = resolve_model(config.model)
     longest = max(config.lengths)
-    positions = max_positions(config.model)
-    if longest > positions and not config.allow_extrapolation:
-        raise ValueError(f"length {longest} exceeds the {positions} positions {config.model} was trained for; "
+    if longest > source.positions and not config.allow_extrapolation:
+        raise ValueError(f"length {longest} exceeds the {source.positions} positions {config.model} was trained for; "
                          "pass --allow-extrapolation to run it anyway")
-    source = model_dir(config.model)
     fingerprints = {m.label(): _fingerprint(config, m, source) for m in built}
 
     def cell_of(method: Method, task_name: str, length: int) -> Cell:
-        return Cell(config.output, model_label(config.model), method.label(), task_name, length)
+        return Cell(config.output, source.label, method.label(), task_name, length)
 
     ranks = Ranks.from_env(config.device)
-    if config.decode_graphs:
-        from elastic_bench.modeling.loading import check_device
-
-        if check_device(ranks.device(config.device)).type != "cuda":
-            raise ValueError("decode_graphs needs a CUDA device")
+    if config.decode_graphs and check_device(ranks.device(config.device)).type != "cuda":
+        raise ValueError("decode_graphs needs a CUDA device")
+    check_backend(config.backend, ranks.device(config.device))
+    # every task fits the shortest length (with the model's tokenizer), before the weights load
+    task_registry.check_length(task_names, load_tokenizer(source), min(config.lengths), config.data_dir, config.seed)
     command = "elastic-bench " + " ".join(sys.argv[1:])
     with exclusive(config.output, command, enabled=ranks.is_main):
         if ranks.is_main:  # before any work: an output folder never mixes two configurations
@@ -171,9 +232,9 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
                                     config.strict)
         ranks.barrier()
         dtype = getattr(torch, config.dtype) if config.dtype else None
-        model, tokenizer = load_model(config.model, dtype=dtype, device=ranks.device(config.device))
-        context = model_context(model.config)
-        stop_ids = _stop_ids(model, tokenizer)
+        model, tokenizer = load_model(source, dtype=dtype, device=ranks.device(config.device))
+        session = _Session(config, model, tokenizer, model_context(model.config), stop_ids(model, tokenizer),
+                           ranks)
         rows = []
         for task_name in task_names:
             task = task_registry.get(task_name, data_dir=config.data_dir)
@@ -189,33 +250,24 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
                     if not error and not samples:
                         error = f"{task_name} at {length} tokens: no samples (an empty corpus?)"
                 for method, cell in todo:
-                    fingerprint = {**fingerprints[method.label()], "length": length}
-                    if error:
-                        if ranks.is_main:
-                            _fail(cell, config, method, fingerprint, context, error)
-                    else:
-                        _run_cell(model, tokenizer, task, samples, method, cell, config, fingerprint, context, stop_ids,
-                                  ranks)
+                    inputs = _CellInputs(session, cell, method, {**fingerprints[method.label()], "length": length},
+                                         task, samples)
+                    if not error:
+                        _run_cell(inputs)
+                    elif ranks.is_main:
+                        _fail(inputs, error)
                 rows.extend(summary_row(cell) for cell in cells)
     return rows
 
 
-def _stop_ids(model, tokenizer) -> set[int]:
-    eos = model.generation_config.eos_token_id
-    ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return ids
-
-
-def _fingerprint(config: RunConfig, method: Method, source: str) -> dict[str, Any]:
+def _fingerprint(config: RunConfig, method: Method, source: ModelSource) -> dict[str, Any]:
     """What a cell's results depend on beyond its task (JSON-normalised, as stored in ``config.json`` and
     ``metrics.json``): the model, the method and its options, the SHA-256 of every file the method loads in place of
     the option that names it (a router or gate file is known by what it holds, not by its path), seed, limit and
     dtype."""
     from elastic_bench.foundation.files import digest
 
-    artifacts = {name: digest(path) for name, path in method.artifacts(source).items()}
+    artifacts = {name: digest(path) for name, path in method.artifacts(source.path).items()}
     options = {k: v for k, v in method.options().items() if k not in artifacts}  # those are known by their digest
     return json.loads(json.dumps({"model": config.model, "method": method.name, "method_options": options,
                                   "artifacts": artifacts, "seed": config.seed, "limit": config.limit,
@@ -239,53 +291,60 @@ def _check_cell(cell: Cell, fingerprint: dict[str, Any], strict: bool) -> None:
     cell.clear()
 
 
-def _cell_config(config: RunConfig, method: Method, fingerprint: dict[str, Any], context: dict[str, Any], task: str,
-                 length: int, n: int) -> dict[str, Any]:
-    """What a cell's config.json and metrics.json record of its configuration; ``context`` is the model's context
-    length and rope parameters (`elastic_bench.modeling.loading.model_context`), recorded beside the fingerprint, not
-    in it."""
+def _cell_config(inputs: _CellInputs, n: int) -> dict[str, Any]:
+    """What a cell's config.json and metrics.json record of its configuration, with ``n`` samples; the model's context
+    length and rope parameters are recorded beside the fingerprint, not in it."""
     from elastic_bench.results.provenance import provenance
 
+    config, fingerprint = inputs.session.config, inputs.fingerprint
     return {
         **{k: fingerprint[k] for k in ("model", "method_options", "seed", "limit", "dtype")},
-        "method": method.name,
-        "task": task,
-        "length": length,
+        "method": inputs.method.name,
+        "task": inputs.cell.task,
+        "length": inputs.cell.length,
         "num_samples": n,
         "backend": config.backend,
         "kv_cache": config.kv_cache,
         "decode_graphs": config.decode_graphs,
+        "batch_size": config.batch_size,
+        "timed_samples": config.timed_samples,
         "allow_extrapolation": config.allow_extrapolation,
-        "model_context": context,
+        "model_context": inputs.session.context,
         "fingerprint": fingerprint,
         **provenance(config.device),
     }
 
 
-def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunConfig, fingerprint, context, stop_ids,
-              ranks):
+def _run_cell(inputs: _CellInputs) -> None:
     import torch
     from tqdm.auto import tqdm
 
     from elastic_bench.modeling import generation
     from elastic_bench.modeling.attention import apply
 
+    session, cell, method, samples = inputs.session, inputs.cell, inputs.method, inputs.samples
+    config, ranks = session.config, session.ranks
     if ranks.is_main:
-        cell.start(_cell_config(config, method, fingerprint, context, task.name, cell.length, len(samples)))
+        cell.start(_cell_config(inputs, len(samples)))
     ranks.barrier()
     done = {r["id"] for r in cell.predictions()}
     mine = [s for s in samples if s.id not in done][ranks.rank :: ranks.world_size]
     shard = ranks.rank if ranks.world_size > 1 else None
-    desc = f"{method.label()} · {task.name} · {cell.length}"
+    desc = f"{method.label()} · {cell.task} · {cell.length}"
     error = None
     try:
-        if mine:  # compile the method's kernels at this length before the first timed prefill
-            with apply(method, model, backend=config.backend, kv_cache=config.kv_cache):
-                generation.warm_up(model, mine[0].input_ids, config.decode_graphs)
-        with apply(method, model, backend=config.backend, kv_cache=config.kv_cache) as handle:
-            shown = config.progress and ranks.is_main
-            for sample in tqdm(mine, desc=desc, disable=not shown, leave=False, file=sys.stderr):
-                cell.append(_predict(model, tokenizer, task, sample, handle, stop_ids, config.decode_graphs), shard)
+        # the decode graphs of the cell: rows with room for its longest prompt and answer, follow-up turns aside
+        graphs = generation.DecodeGraphs(max(len(s.input_ids) for s in samples) + max(s.max_new_tokens for s in samples)
+                                         ) if config.decode_graphs else False
+        if mine:  # compile the method's kernels (and capture a batch of one's graph) before the first timed prefill
+            with apply(method, session.model, backend=config.backend, kv_cache=config.kv_cache):
+                generation.warm_up(session.model, mine[0].input_ids, graphs)
+        with apply(method, session.model, backend=config.backend, kv_cache=config.kv_cache) as handle, \
+                tqdm(total=len(mine), desc=desc, disable=not (config.progress and ranks.is_main), leave=False,
+                     file=sys.stderr) as bar:
+            for record in _generate(inputs, mine, handle, graphs):
+                cell.append(record, shard)
+                bar.update()
     except torch.cuda.OutOfMemoryError:
         error = f"out of memory at {cell.length} tokens (rank {ranks.rank})"
         torch.cuda.empty_cache()
@@ -294,64 +353,192 @@ def _run_cell(model, tokenizer, task, samples, method, cell: Cell, config: RunCo
     errors = [e for e in ranks.gather(error) if e]
     if ranks.is_main:
         records = cell.merge([s.id for s in samples])
-        scores = task.aggregate(records) if records and not errors else {}
+        scores = inputs.task.aggregate(records) if records and not errors else {}
         if not errors and not records:
             errors = ["no predictions"]
         if not errors and not math.isfinite(scores.get("score", math.nan)):
             errors = [f"the score is not a number ({scores.get('score')})"]
         if errors:
-            _fail(cell, config, method, fingerprint, context, "; ".join(errors))
+            _fail(inputs, "; ".join(errors))
         else:
             cell.finish(
                 {
-                    **_cell_config(config, method, fingerprint, context, task.name, cell.length, len(records)),
+                    **_cell_config(inputs, len(records)),
                     "status": "complete",
                     "method_label": method.label(),
                     **backends_used(records),
                     "world_size": ranks.world_size,
                     **scores,
                     **{key: _mean(records, key) for key in MEANS},
-                    "prefill_seconds_median": statistics.median(r["prefill_seconds"] for r in records),
+                    **timing(records),
                     **method.extra_stats(),
                 }
             )
     ranks.barrier()
 
 
-def _predict(model, tokenizer, task, sample, handle, stop_ids, decode_graphs: bool = False) -> dict[str, Any]:
-    """Generate for one sample (and the task's follow-up turns, e.g. chain of thought); its prediction record."""
+def _generate(inputs: _CellInputs, mine: list[Sample], handle, graphs) -> Iterator[dict[str, Any]]:
+    """The prediction records of the cell's samples ``mine``: first those of its first ``timed_samples`` (all of them
+    at batch size 1), each alone with nothing else pending; then the others in batches (a smaller last batch decodes
+    without graphs; a batch that runs out of memory is retried at half the size, which the length then keeps)."""
+    import torch
+
+    from elastic_bench.modeling import generation
+
+    config, length = inputs.session.config, inputs.cell.length
+    timed = {s.id for s in inputs.samples[: config.timed_samples]} if config.batch_size != 1 else None
+    for sample in mine:
+        if timed is None or sample.id in timed:
+            yield _predict(inputs, sample, handle, graphs)[0]
+    pending = [s for s in mine if timed is not None and s.id not in timed]
+    size = _batch_size(inputs, pending, graphs) if pending else 1
+    shape = min(size, len(pending))  # the cell's batch shape
+    if graphs and shape > 1:  # its graph is captured before any batch's time is counted
+        generation.warm_up(inputs.session.model, pending[0].input_ids[:WARM_TOKENS], graphs, rows=shape)
+    while pending:
+        batch = pending[:size]
+        try:
+            records = [_predict(inputs, batch[0], handle, graphs)[0]] if len(batch) == 1 else \
+                _predict_batch(inputs, batch, handle, graphs if len(batch) == shape else False)
+        except torch.cuda.OutOfMemoryError:
+            if size == 1:
+                raise
+            torch.cuda.empty_cache()
+            size = inputs.session.batch_sizes[length] = size // 2
+            shape = min(size, len(pending))
+            continue
+        yield from records
+        pending = pending[size:]
+
+
+def _batch_size(inputs: _CellInputs, pending: list[Sample], graphs) -> int:
+    """The batch of the cell's untimed prompts: ``batch_size``, or for ``auto`` the one found for the cell's length
+    (the first cell at a length probes with its longest prompt on CUDA; `CPU_AUTO_BATCH` on the CPU)."""
+    from elastic_bench.modeling import generation
+
+    session, length = inputs.session, inputs.cell.length
+    if session.config.batch_size != "auto":
+        return session.config.batch_size
+    if length not in session.batch_sizes:
+        if next(session.model.parameters()).device.type != "cuda":
+            session.batch_sizes[length] = CPU_AUTO_BATCH
+        else:
+            longest = max(pending, key=lambda s: len(s.input_ids))
+            probe = generation.DecodeGraphs(graphs.row_slots) if graphs else False  # static caches count too
+            session.batch_sizes[length] = generation.fitting_batch(
+                session.model, longest.input_ids, min(MAX_AUTO_BATCH, len(inputs.samples)), probe)
+    return session.batch_sizes[length]
+
+
+def _predict(inputs: _CellInputs, sample: Sample, handle, graphs, earlier: tuple[str, ...] = ()
+             ) -> tuple[dict[str, Any], float]:
+    """Generate for one sample alone (and the task's follow-up turns, e.g. chain of thought) under ``handle`` (the
+    cell's `apply`); its prediction record (the last turn's timing, sparsity and cache) and the seconds of all its
+    turns. ``earlier``: predictions of turns already generated."""
     from elastic_bench.modeling.generation import greedy_generate
 
-    earlier: list[str] = []  # predictions of earlier turns
+    session, task = inputs.session, inputs.task
+    earlier = list(earlier)
+    seconds = 0.0
     while True:
         handle.reset()
-        stops = stop_ids | set(sample.stop_token_ids)
-        gen = greedy_generate(model, sample.input_ids, sample.max_new_tokens, stops, sample.min_new_tokens,
-                              decode_graphs=decode_graphs)
-        prediction = tokenizer.decode(gen.tokens, skip_special_tokens=True)
-        follow_up = task.follow_up(sample, prediction, tokenizer)
+        stops = session.stop_ids | set(sample.stop_token_ids)
+        gen = greedy_generate(session.model, sample.input_ids, sample.max_new_tokens, stops, sample.min_new_tokens,
+                              decode_graphs=graphs)
+        seconds += gen.prefill_seconds + gen.decode_seconds
+        prediction = session.tokenizer.decode(gen.tokens, skip_special_tokens=True)
+        follow_up = task.follow_up(sample, prediction, session.tokenizer)
         if follow_up is None:
             break
         earlier.append(prediction)
         sample = follow_up
+    timed = {
+        "prefill_seconds": gen.prefill_seconds,
+        "decode_seconds": gen.decode_seconds,
+        "decode_ms_per_token": 1000 * gen.decode_seconds / gen.decode_steps if gen.decode_steps else None,
+        "batch_size": 1,
+    }
     stats = handle.stats()
+    record = _record(inputs, sample, prediction, earlier, len(gen.tokens), timed, (gen.kv_bytes, gen.kv_bytes_full),
+                     stats["per_sample"][0], stats, handle.decisions()[0])
+    return record, seconds
+
+
+def _predict_batch(inputs: _CellInputs, samples: list[Sample], handle, graphs) -> list[dict[str, Any]]:
+    """Generate for ``samples`` as one batch under ``handle``; their prediction records, in order. A sample's
+    follow-up turns run alone after the batch (`_predict`)."""
+    from elastic_bench.modeling import generation
+
+    session, task = inputs.session, inputs.task
+    handle.reset()
+    batch = generation.generate(
+        session.model, [s.input_ids for s in samples], [s.max_new_tokens for s in samples],
+        [session.stop_ids | set(s.stop_token_ids) for s in samples], [s.min_new_tokens for s in samples],
+        decode_graphs=graphs, pad_id=session.tokenizer.pad_token_id or 0)
+    stats, decisions = handle.stats(), handle.decisions()
+    share = (batch.prefill_seconds + batch.decode_seconds) / len(samples)
+    timed = {
+        "prefill_seconds": None,  # batched: no prefill time of its own
+        "decode_seconds": None,
+        "decode_ms_per_token": 1000 * batch.decode_seconds / batch.decode_steps if batch.decode_steps else None,
+        "batch_size": len(samples),
+    }
+    records = []
+    for i, (sample, row) in enumerate(zip(samples, batch.rows)):
+        prediction = session.tokenizer.decode(row.tokens, skip_special_tokens=True)
+        follow_up = task.follow_up(sample, prediction, session.tokenizer)
+        if follow_up is None:
+            record = _record(inputs, sample, prediction, [], len(row.tokens), timed, (row.kv_bytes, row.kv_bytes_full),
+                             stats["per_sample"][i], stats, decisions[i])
+            seconds = 0.0
+        else:
+            record, seconds = _predict(inputs, follow_up, handle, graphs, earlier=(prediction,))
+            record.update(timed)
+        records.append({**record, "generation_seconds": share + seconds})
+    return records
+
+
+def _record(inputs: _CellInputs, sample: Sample, prediction: str, earlier: list[str], output_tokens: int,
+            timed: dict[str, Any], kv_bytes: tuple[int | None, int | None], sparsity: dict[str, float],
+            stats: dict[str, Any], decisions) -> dict[str, Any]:
+    """One sample's prediction record: its last turn's ``prediction`` and score, ``timed`` (prefill and decode
+    seconds, the batch), the bytes its packed cache held beside a full cache's (none for another cache), its
+    ``sparsity`` (`MethodHandle.stats` per sample), the kernel backend of the prefill and its per-layer
+    ``decisions`` ``[L, H]``."""
+    held, full = kv_bytes
     return {
         "id": sample.id,
         "prediction": prediction,
         **({"earlier_turns": earlier} if earlier else {}),
         "references": sample.references,
-        "score": task.score(prediction, sample),
+        "score": inputs.task.score(prediction, sample),
         "metadata": sample.metadata,
         "input_tokens": len(sample.input_ids),
-        "output_tokens": len(gen.tokens),
-        "prefill_seconds": gen.prefill_seconds,
-        "decode_seconds": gen.decode_seconds,
-        "decode_ms_per_token": 1000 * gen.decode_seconds / gen.decode_steps if gen.decode_steps else None,
-        **{key: stats[key] for key in ("kv_bytes", "kv_bytes_full") if key in stats},
-        **stats["per_sample"][0],
+        "output_tokens": output_tokens,
+        **timed,
+        **({"kv_bytes": held, "kv_bytes_full": full} if held is not None else {}),
+        **sparsity,
         "backend": "+".join(sorted(stats["prefill_backends"])),
-        "decisions": handle.decisions()[0].tolist(),
+        "decisions": decisions.tolist(),
     }
+
+
+def timing(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """A cell's timing from its prediction records: ``prefill_seconds_median`` and ``prefill_samples`` over the
+    prompts timed alone; ``batch_size_used`` (the largest batch); ``decode_ms_per_token`` over the batched prompts
+    (all prompts when none is); and, where prompts ran batched, ``samples_per_second``: the batched prompts over the
+    seconds their batches took (prefill and decode, follow-up turns included)."""
+    prefills = [r["prefill_seconds"] for r in records if r.get("prefill_seconds") is not None]
+    batched = [r for r in records if r.get("batch_size", 1) > 1]
+    found = {
+        "prefill_seconds_median": statistics.median(prefills) if prefills else math.nan,
+        "prefill_samples": len(prefills),
+        "batch_size_used": max((r.get("batch_size", 1) for r in records), default=1),
+        "decode_ms_per_token": _mean(batched or records, "decode_ms_per_token"),
+    }
+    if batched:
+        found["samples_per_second"] = len(batched) / sum(r["generation_seconds"] for r in batched)
+    return found
 
 
 def backends_used(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -369,13 +556,12 @@ def _mean(records: list[dict[str, Any]], key: str) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def _fail(cell: Cell, config: RunConfig, method: Method, fingerprint: dict[str, Any], context: dict[str, Any],
-          error: str) -> None:
+def _fail(inputs: _CellInputs, error: str) -> None:
+    cell = inputs.cell
     print(f"elastic-bench: cell {cell.dir} failed: {error}", file=sys.stderr)
     cell.dir.mkdir(parents=True, exist_ok=True)
     done = len(cell.predictions())
-    config_fields = _cell_config(config, method, fingerprint, context, cell.task, cell.length, done)
-    cell.finish({"status": "failed", "error": error, "num_samples_done": done, **config_fields})
+    cell.finish({"status": "failed", "error": error, "num_samples_done": done, **_cell_config(inputs, done)})
 
 
 def summary_row(cell: Cell) -> dict[str, Any]:

@@ -9,7 +9,7 @@ Part of the foundation: imports nothing of elastic-bench, so every pillar may us
 
 from __future__ import annotations
 
-import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -155,12 +155,15 @@ class FolderLockedError(ValueError):
 
 @contextmanager
 def exclusive(folder: str | Path, command: str = "", enabled: bool = True) -> Iterator[None]:
-    """Hold the folder's write lock for the duration: a lock file (``.elastic-bench.lock``) created exclusively, with
-    the holder's pid, host, command and start time, removed on exit. ``enabled=False`` (the other ranks of a
-    ``torchrun`` job, whose rank 0 holds the lock) does nothing.
+    """Hold the folder's write lock for the duration: an advisory lock (``fcntl.flock``) on the lock file
+    ``.elastic-bench.lock``, which holds the holder's pid, host, command and start time and is removed on exit.
+    ``enabled=False`` (the other ranks of a ``torchrun`` job, whose rank 0 holds the lock) does nothing.
 
-    A lock whose holder ran on this host and no longer lives (a killed run) is stale: it is reported on stderr and
-    taken over. Any other lock stops this process with `FolderLockedError` naming the holder.
+    The kernel releases the lock when its holder dies, so taking a stale lock over is atomic: of any number of
+    processes starting at once, one holds the lock and the others stop. A lock file left by a process of this host that
+    no longer lives (a killed run) is reported on stderr and taken over; one naming a live process, or a process of
+    another host (which cannot be checked), stops this process with `FolderLockedError` naming the holder, as does a
+    lock held now.
     """
     if not enabled:
         yield
@@ -170,38 +173,82 @@ def exclusive(folder: str | Path, command: str = "", enabled: bool = True) -> It
         raise ValueError(f"{folder} is a file, not an output folder")
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_FILE
-    me = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
-          "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    while True:
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            holder = _holder(path)
-            if holder == {}:  # released meanwhile
-                continue
-            if holder is not None and not _stale(holder):
-                raise FolderLockedError(
-                    f"{folder} is being written by pid {holder.get('pid')} on {holder.get('host')} (since "
-                    f"{holder.get('started')}: {holder.get('command') or 'elastic-bench'}); wait for it, or delete "
-                    f"{path} if that process is gone") from None
-            gone = "an unreadable lock" if holder is None else f"the lock of pid {holder.get('pid')}, no longer running"
-            print(f"elastic-bench: {path}: taking over {gone}", file=sys.stderr)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            continue
-        with os.fdopen(fd, "w") as f:
-            json.dump(me, f)
-        break
+    fd = _take(path)
     try:
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(me).encode(), 0)
         yield
     finally:
-        if _holder(path) == me:
-            os.unlink(path)
+        if _same_file(fd, path):  # not deleted by hand and replaced by another process's lock meanwhile
+            os.unlink(path)  # while still locked: a process that opened this file sees it is gone and tries again
+        os.close(fd)
+
+
+def _take(path: Path, patience: float = 2.0) -> int:
+    """A descriptor of the lock file ``path`` holding its ``flock``; raises `FolderLockedError` when another process
+    holds it (or the file names a live holder)."""
+    waited = 0.0
+    while True:
+        try:
+            fd, created = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644), True
+        except FileExistsError:
+            try:
+                fd, created = os.open(path, os.O_RDWR), False
+            except FileNotFoundError:  # released meanwhile
+                continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = _holder(path)
+            if (holder and not _stale(holder)) or waited >= patience:
+                raise FolderLockedError(_locked_message(path, holder)) from None
+            time.sleep(0.05)  # the holder is writing its record over a stale one, or releasing
+            waited += 0.05
+            continue
+        if not _same_file(fd, path):  # the holder removed this file before we locked it
+            os.close(fd)
+            continue
+        if not created:
+            holder = _record(fd)
+            if holder and not _stale(holder):
+                os.close(fd)
+                raise FolderLockedError(_locked_message(path, holder))
+            gone = "an unreadable lock" if not holder else f"the lock of pid {holder.get('pid')}, no longer running"
+            print(f"elastic-bench: {path}: taking over {gone}", file=sys.stderr)
+        return fd
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
+
+
+def _record(fd: int) -> dict[str, Any] | None:
+    """The holder record in the lock file open as ``fd``; None when it is empty or not a record."""
+    try:
+        holder = json.loads(os.pread(fd, 1 << 16, 0))
+    except (ValueError, OSError):
+        return None
+    return holder if isinstance(holder, dict) else None
+
+
+def _locked_message(path: Path, holder: dict[str, Any] | None) -> str:
+    folder = path.parent
+    if not holder:
+        return f"{folder} is being written by another process; wait for it, or delete {path} if that process is gone"
+    return (f"{folder} is being written by pid {holder.get('pid')} on {holder.get('host')} (since "
+            f"{holder.get('started')}: {holder.get('command') or 'elastic-bench'}); wait for it, or delete {path} if "
+            "that process is gone")
 
 
 def _holder(path: Path, attempts: int = 20) -> dict[str, Any] | None:
-    """The lock's holder record; ``{}`` when the lock is gone; None when it stays unreadable for a second (a holder
-    killed between creating the file and writing it: a fresh lock is written within microseconds)."""
+    """The lock's holder record; ``{}`` when the lock is gone; None when it stays unreadable for a second (its holder
+    writes the record within microseconds of taking the lock)."""
     for _ in range(attempts):
         try:
             holder = json.loads(path.read_text())

@@ -9,6 +9,11 @@ types.
   ``list[str]`` / ``tuple[...]`` (comma-separated; ints accept ``4K`` = 4096), ``dict[str, float]`` (``a=0.5,b=1``,
   repeatable) and nested config dataclasses (their fields become options of their own).
 - Flags: ``--field-name``; a bool that defaults to False is a switch, one that defaults to True has a ``--no-`` form.
+- Numbers are finite: ``inf`` and ``nan`` are refused wherever a ``float`` is expected (on the command line, in YAML
+  files and ``-O`` options); no option of elastic-bench has a meaning for them (a NaN learning rate trains a NaN
+  router).
+- Checks the commands' configs share (`check_at_least`, `check_lengths`, `check_folder_output`, `check_file_output`):
+  each refuses a bad value with one ValueError naming the flag, before any work starts.
 
 Part of the foundation: imports nothing of elastic-bench, so every pillar may use it.
 """
@@ -18,11 +23,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import math
 import operator
 import re
 import types
 import typing
+from collections.abc import Mapping
 from functools import cache
+from pathlib import Path
 from typing import Any, Literal, Union
 
 
@@ -145,7 +153,7 @@ def _check(tp: Any, value: Any) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError
-        return float(value)
+        return _finite(value)
     if tp is str:
         if not isinstance(value, str):
             raise TypeError
@@ -188,6 +196,14 @@ def check_fields(cls: type, values: dict[str, Any], where: str) -> dict[str, Any
     return {k: check_value(cls, k, v, f"{where}: {k}") for k, v in values.items()}
 
 
+def _finite(value: str | int | float) -> float:
+    """``value`` as a float; ValueError for ``inf``, ``nan`` and anything not a number."""
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{value!r} is not a finite number")
+    return number
+
+
 # ---- command line ------------------------------------------------------------------------------------------------
 
 
@@ -224,7 +240,7 @@ def _parser(tp: Any, name: str):
     if tp is int:
         return wrap(tokens)
     if tp is float:
-        return wrap(float)
+        return wrap(_finite)
     if tp is str or origin is Literal:
         return wrap(str)
     if origin in (list, tuple):
@@ -263,7 +279,8 @@ def _default(f: dataclasses.Field) -> Any:
 
 
 def add_options(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (),
-                flags: dict[str, str] | None = None, defaults: dict[str, Any] | None = None) -> None:
+                flags: Mapping[str, str] | None = None, defaults: Mapping[str, Any] | None = None,
+                helps: Mapping[str, str] | None = None) -> None:
     """Add one option per field of dataclass ``cls`` (nested config dataclasses: one per field of theirs).
 
     Args:
@@ -272,8 +289,9 @@ def add_options(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...
         skip: fields that get no option (set by the command itself).
         flags: a flag other than ``--field-name`` for some fields (e.g. ``{"targets": "--target"}``).
         defaults: defaults other than the field's, for a command that runs a fixed configuration (e.g. the demo).
+        helps: help other than the class docstring's for some fields (what a shared field means to this command).
     """
-    help_of = field_help(cls)
+    help_of = field_help(cls) | dict(helps or {})
     hints = _hints(cls)
     flags, defaults = flags or {}, defaults or {}
     for f in dataclasses.fields(cls):
@@ -281,7 +299,7 @@ def add_options(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...
             continue
         tp, _ = _optional(hints[f.name])
         if dataclasses.is_dataclass(tp):
-            add_options(parser, tp, skip, flags, defaults)
+            add_options(parser, tp, skip, flags, defaults, helps)
             continue
         flag = flags.get(f.name, "--" + f.name.replace("_", "-"))
         default = defaults.get(f.name, _default(f))
@@ -350,3 +368,56 @@ def command_line(cls: type, config: Any, flags: dict[str, str] | None = None) ->
         else:
             words += [flag, "none" if value is None else _show(value)]
     return words
+
+
+# ---- checks of option values shared by the commands' configs (one line each, before any work starts) --------------
+
+
+def check_at_least(flag: str, value: int | float | None, minimum: int) -> None:
+    """Refuse ``value`` (when given) below ``minimum``."""
+    if value is not None and value < minimum:
+        raise ValueError(f"{flag} must be >= {minimum}, got {value}")
+
+
+def check_lengths(flag: str, lengths: list[int]) -> None:
+    """Refuse an empty list of token lengths, or one holding a length below 1."""
+    if not lengths or any(length < 1 for length in lengths):
+        raise ValueError(f"{flag} must be positive token counts, got {','.join(map(str, lengths)) or 'none'}")
+
+
+def _file_above(path: Path) -> Path | None:
+    """The nearest existing ancestor of ``path`` when it is a file (nothing can be created under it), else None."""
+    for existing in path.parents:
+        if existing.exists():
+            return None if existing.is_dir() else existing
+    return None
+
+
+def _named(path: str | Path, flag: str) -> Path:
+    """``path`` as a `Path`; an empty one (which would mean the current directory) is refused."""
+    if not str(path).strip():
+        raise ValueError(f"{flag} is empty; give a path")
+    return Path(path)
+
+
+def check_folder_output(path: str | Path, flag: str = "--output") -> None:
+    """Refuse an empty output path, one that exists but is not a folder (a file, a device, a FIFO), or one that lies
+    inside a file."""
+    path = _named(path, flag)
+    if path.exists() and not path.is_dir():
+        kind = "a file" if path.is_file() else "a device, FIFO or socket"
+        raise ValueError(f"{flag} {path} is {kind}; expected a folder")
+    if blocked := _file_above(path):
+        raise ValueError(f"{flag} {path} lies inside {blocked}, which is a file; expected a folder")
+
+
+def check_file_output(path: str | Path, flag: str = "--output") -> None:
+    """Refuse an empty output path, an existing folder, an existing special file (a device, a FIFO, a socket: writing
+    would replace it), or a path inside a file."""
+    path = _named(path, flag)
+    if path.is_dir():
+        raise ValueError(f"{flag} {path} is a folder; expected a file name")
+    if path.exists() and not path.is_file():
+        raise ValueError(f"{flag} {path} is a device, FIFO or socket; expected a file name")
+    if blocked := _file_above(path):
+        raise ValueError(f"{flag} {path} lies inside {blocked}, which is a file")

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, get_args
 
 import torch
 from torch import nn
@@ -29,13 +29,13 @@ from transformers import DynamicCache
 
 from elastic_bench.kernels import SparsityMeter, pair_counts, resolve_backend, sample_means
 from elastic_bench.kernels.decode import decode_attention
+from elastic_bench.modeling.choices import KVCache
 from elastic_bench.modeling.interface import AttentionCall, Method
 from elastic_bench.modeling.kv_cache import CACHE_KEYWORDS, PackedCache, PackedLayer
 
 ATTN_NAME = "elastic_bench"
 _HANDLE = "_elastic_bench_handle"
 _KEYS = "_elastic_bench_pre_rope_keys"
-KV_CACHES = ("evicting", "full", "dynamic")
 
 
 def padding_mask(
@@ -96,9 +96,9 @@ def attention_modules(model: nn.Module) -> list[nn.Module]:
 class MethodHandle:
     """What `apply` returns: the active method, its statistics and its per-layer decisions."""
 
-    def __init__(self, method: Method, model: nn.Module, backend: str, kv_cache: str = "evicting"):
-        if kv_cache not in KV_CACHES:
-            raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHES)}, got {kv_cache!r}")
+    def __init__(self, method: Method, model: nn.Module, backend: str, kv_cache: KVCache = "evicting"):
+        if kv_cache not in get_args(KVCache):
+            raise ValueError(f"kv_cache must be one of {', '.join(get_args(KVCache))}, got {kv_cache!r}")
         self.method, self.model, self.backend, self.kv_cache = method, model, backend, kv_cache
         self.meter = SparsityMeter()
         self.prefill_backends: Counter[str] = Counter()
@@ -112,14 +112,19 @@ class MethodHandle:
         self.last_cache = None
 
     def begin_forward(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
-        """Forward pre-hook: a new meter forward, and a `PackedCache` in place of an empty `DynamicCache`."""
+        """Forward pre-hook: a new meter forward, and a `PackedCache` in place of an empty `DynamicCache`; an empty
+        `PackedCache` given (a static one, for decode graphs) evicts as ``kv_cache`` says."""
         self.meter.new_forward()
         self.last_cache = None  # released before this forward allocates
         name = next((n for n in CACHE_KEYWORDS if kwargs.get(n) is not None), None)
         past = kwargs[name] if name else None
-        if self.kv_cache != "dynamic" and type(past) is DynamicCache and past.get_seq_length() == 0 \
-                and kwargs.get("cu_seq_lens_q") is None:
+        empty = past is not None and past.get_seq_length() == 0
+        if self.kv_cache != "dynamic" and type(past) is DynamicCache and empty and kwargs.get("cu_seq_lens_q") is None:
             past = kwargs[name] = PackedCache(evict=self.kv_cache == "evicting")
+        elif isinstance(past, PackedCache) and empty:
+            if self.kv_cache == "dynamic":
+                raise ValueError("a packed KV cache was given to a forward under kv_cache='dynamic'")
+            past.evict = self.kv_cache == "evicting"
         self.cache = past if isinstance(past, PackedCache) else None
         return args, kwargs
 
@@ -246,7 +251,7 @@ def _capture_keys(module: nn.Module, num_kv_heads: int, head_dim: int):
 
 @contextmanager
 def apply(
-    method: Method, model: nn.Module, backend: str = "auto", kv_cache: str = "evicting"
+    method: Method, model: nn.Module, backend: str = "auto", kv_cache: KVCache = "evicting"
 ) -> Iterator[MethodHandle]:
     """Run ``model`` with ``method`` inside the block; restores the previous attention implementation on exit.
 
@@ -255,9 +260,10 @@ def apply(
         model: a loaded transformers causal LM.
         backend: kernel backend for `hybrid_attention` (``"auto"``, ``"reference"``, ``"triton"``, ...); decode steps
             over a packed cache take the decode kernel it maps to (`elastic_bench.kernels.decode`).
-        kv_cache: what a generation decodes with: ``"evicting"`` (a `PackedCache` whose STREAMING heads keep sink +
-            window only), ``"full"`` (a `PackedCache` keeping every token; streaming heads decode by mask, as
-            upstream) or ``"dynamic"`` (transformers' `DynamicCache`, attended by the prefill kernels).
+        kv_cache: what a generation decodes with (`elastic_bench.modeling.choices.KVCache`): ``"evicting"`` (a
+            `PackedCache` whose STREAMING heads keep sink + window only), ``"full"`` (a `PackedCache` keeping every
+            token; streaming heads decode by mask, as upstream) or ``"dynamic"`` (transformers' `DynamicCache`,
+            attended by the prefill kernels).
 
     Yields:
         A `MethodHandle`: ``handle.stats()`` gives ΩMSR/ΩESR, ``handle.decisions()`` the per-layer modes.
@@ -299,15 +305,8 @@ def attention_implementation(model: nn.Module, name: str) -> Iterator[None]:
     """Run ``model`` with the attention implementation ``name`` (``"sdpa"``, ``"eager"``, one registered with
     ``AttentionInterface``) inside the block; the previous one is restored on exit."""
     previous = model.config._attn_implementation
-
-    def switch(to: str) -> None:
-        if hasattr(model, "set_attn_implementation"):
-            model.set_attn_implementation(to)
-        else:  # transformers < 4.54
-            model.config._attn_implementation = to
-
-    switch(name)
+    model.set_attn_implementation(name)
     try:
         yield
     finally:
-        switch(previous)
+        model.set_attn_implementation(previous)

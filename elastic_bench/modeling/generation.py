@@ -1,56 +1,138 @@
-"""Greedy generation with a timed one-shot prefill (time to first token), one prompt at a time, and the untimed
-warm-up prefill that compiles a method's kernels before the first timed one."""
+"""Greedy generation of a left-padded batch of prompts, each decoded as it would be alone, with the prefill and the
+decode steps timed; the untimed warm-up that compiles a method's kernels before the first timed prefill; and decode
+steps replayed as CUDA graphs captured once per batch shape.
+
+Design decisions:
+- One loop for every batch size (`generate`; `greedy_generate` is its batch of one). Prompts are left-padded
+  (`LeftPadded`) and prefilled in one forward with each row's positions counted from its first token and, where a row
+  is padded, the 2-D padding mask: the attention glue plans every row on its own tokens and the packed cache drops
+  the padding, so a row's tokens, sparsity and cache are those of its prompt alone.
+- A row leaves the batch when it finishes (a stop token, its token budget, or the caller's `finished` test): what
+  its cache rows hold is counted then (`PackedCache.sample_nbytes`), and transformers' ``batch_select_indices``
+  drops it, so finished rows cost no decode work.
+- The prefill and the decode steps of a batch are two spans of one `DeviceTimer` (CUDA events on the GPU).
+- Decode graphs (`DecodeGraphs`, CUDA, a packed cache): the batch is prefilled into a static packed cache kept per
+  batch shape (every row at a fixed place with room for the longest prompt and answer, `PackedCache(row_slots=...)`),
+  so the graph of the step captured over one batch reads the next batch of that shape at the same addresses. A shape
+  runs two eager steps (they compile the kernels), then its graph is captured once and replayed by every later batch of
+  that shape. A batch keeps its shape until its last row finishes: finished rows ride along, since a replayed step
+  costs nearly the same for any number of rows and a new shape needs a new graph.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from elastic_bench.kernels.timing import DeviceTimer
 from elastic_bench.modeling.fusion import fused_ops
 from elastic_bench.modeling.kv_cache import PackedCache, cache_keyword, returned_cache
 
+EAGER_STEPS = 2  # decode steps a batch shape runs eagerly (compiling its kernels) before its graph is captured
+
 
 @dataclass
-class Generation:
-    """Generated tokens, the prefill's seconds, and the seconds of the ``decode_steps`` decode forwards after it."""
+class LeftPadded:
+    """Token rows aligned at the right end of one ``[B, P]`` batch, the way the attention glue takes a batch.
+
+    Attributes:
+        ids: ``[B, P]`` token ids, row ``i``'s ``lengths[i]`` tokens last, padding before them.
+        lengths: ``[B]`` tokens of each row.
+    """
+
+    ids: torch.Tensor
+    lengths: torch.Tensor
+
+    @classmethod
+    def of(cls, rows: list[list[int]], pad_id: int = 0, device: torch.device | str = "cpu") -> LeftPadded:
+        """The batch of ``rows`` (token lists), padded with ``pad_id``."""
+        width = max(map(len, rows))
+        ids = torch.tensor([[pad_id] * (width - len(r)) + list(r) for r in rows], dtype=torch.long, device=device)
+        return cls(ids, torch.tensor([len(r) for r in rows], device=device))
+
+    @classmethod
+    def from_right_padded(cls, ids: torch.Tensor, lengths: torch.Tensor) -> LeftPadded:
+        """The batch of the right-padded ``ids [B, P]`` (row ``i``: ``lengths[i]`` tokens, then padding), each row
+        rotated to the right end."""
+        return cls(ids.gather(1, (cls._steps(ids) - cls._shift(ids, lengths)) % ids.shape[1]), lengths)
+
+    @staticmethod
+    def _steps(ids: torch.Tensor) -> torch.Tensor:
+        return torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
+
+    @staticmethod
+    def _shift(ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return (ids.shape[1] - lengths.to(ids.device))[:, None]  # [B, 1] padding of each row
+
+    @property
+    def padded(self) -> bool:
+        """Whether any row is shorter than the batch."""
+        return bool((self.lengths < self.ids.shape[1]).any())
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """``[B, P]`` int64 attention mask: 1 on each row's tokens, 0 on its padding."""
+        return (self._steps(self.ids) >= self._shift(self.ids, self.lengths)).long()
+
+    @property
+    def positions(self) -> torch.Tensor:
+        """``[B, P]`` position of each token within its row (0 at the row's first token; padding 0)."""
+        return (self._steps(self.ids) - self._shift(self.ids, self.lengths)).clamp(min=0)
+
+    def to_right_padded(self, values: torch.Tensor) -> torch.Tensor:
+        """``values [B, P, ...]`` of this batch's tokens moved back to the right-padded order of
+        `from_right_padded` (row ``i``'s values for its tokens first)."""
+        back = (self._steps(self.ids) + self._shift(self.ids, self.lengths)) % self.ids.shape[1]
+        return values.gather(1, back.view(*back.shape, *[1] * (values.dim() - 2)).expand_as(values))
+
+
+@dataclass
+class Row:
+    """One prompt's generation in a batch: its ``tokens`` (the stop token excluded), the stop token that ended it
+    (None: its budget or the caller's test did), and the bytes its rows of a packed cache held when it finished, beside
+    those of a `DynamicCache` (None without a packed cache)."""
 
     tokens: list[int]
+    stop_token: int | None = None
+    kv_bytes: int | None = None
+    kv_bytes_full: int | None = None
+
+
+@dataclass
+class Batch:
+    """The rows of a batch (in prompt order), the batch's prefill seconds, and the seconds of its ``decode_steps``
+    decode forwards (each one token for every row still running)."""
+
+    rows: list[Row]
     prefill_seconds: float
     decode_seconds: float
     decode_steps: int
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+@dataclass
+class Generation:
+    """Generated tokens, the prefill's seconds, the seconds of the ``decode_steps`` decode forwards after it, and the
+    bytes the packed cache held when generation ended beside those of a `DynamicCache` (None without a packed
+    cache)."""
+
+    tokens: list[int]
+    prefill_seconds: float
+    decode_seconds: float
+    decode_steps: int
+    kv_bytes: int | None = None
+    kv_bytes_full: int | None = None
 
 
-class _PrefillTimer:
-    """Seconds of the prefill forward: CUDA events on the GPU (the device time between them), ``perf_counter`` after a
-    synchronisation elsewhere."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-
-    def __enter__(self):
-        if self.cuda:
-            self.events[0].record()
-        else:
-            self.start = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.cuda:
-            self.events[1].record()
-            self.events[1].synchronize()
-            self.seconds = self.events[0].elapsed_time(self.events[1]) / 1000
-        else:
-            self.seconds = time.perf_counter() - self.start
+def stop_ids(model, tokenizer) -> set[int]:
+    """The model's end-of-sequence ids (its generation config's) and the tokenizer's."""
+    eos = model.generation_config.eos_token_id
+    ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
 
 
 def _forward(model, ids: torch.Tensor, cache, **kwargs):
@@ -60,97 +142,237 @@ def _forward(model, ids: torch.Tensor, cache, **kwargs):
     return out.logits[:, -1], returned_cache(out)
 
 
-@torch.inference_mode()
-def warm_up(model, input_ids: list[int], decode_graphs: bool = False) -> None:
-    """One untimed prefill of ``input_ids`` and one decode step, exactly as `greedy_generate` runs them: the first
-    call of a compiled kernel (Triton, FlexAttention) pays for compilation, which no timed step then includes. With
-    ``decode_graphs`` the decode step runs the model's small operations compiled (`fused_ops`), as those of
-    `greedy_generate` then do, so their compilation is paid here too."""
-    from transformers import DynamicCache
-
-    device = next(model.parameters()).device
-    logits, cache = _forward(model, torch.tensor([input_ids], device=device), DynamicCache(), logits_to_keep=1)
-    with fused_ops(model) if decode_graphs else contextlib.nullcontext():
-        _forward(model, logits.argmax(-1)[:, None], cache)
-    _sync(device)
-
-
 class DecodeGraph:
-    """One decode step of a batch-1 ``model`` over a `PackedCache`, captured as a CUDA graph and replayed.
+    """One decode step of a batch of ``rows`` over a `PackedCache`, captured as a CUDA graph and replayed.
 
-    The step's inputs (token and position) live in static tensors; the cache's writes use device-side positions
-    (`PackedLayer.newest`), so a replay repeats the step one position further. Capturing runs the step's Python once:
-    the cache counts that step then, and `step` counts every later one on the host. The cache must have room for every
-    step (`PackedCache.reserve`). Warm up with eager steps first (they compile the kernels), inside
+    The step's inputs (tokens and positions, ``[rows, 1]``) live in static tensors; the cache's writes use device-side
+    positions (`PackedLayer.newest`), so a replay repeats the step one position further. Capturing runs the step's
+    Python once: the cache counts that step then, and `step` counts every later one on the host. The cache's storage
+    must not move while the graph is used: a static cache (`PackedCache` with ``row_slots``), or room for every step
+    (`PackedCache.reserve`). Warm up with eager steps first (they compile the kernels), inside
     `elastic_bench.modeling.fusion.fused_ops` when the step should run the model's small operations fused.
+
+    Args:
+        position: the position of the first token `step` will take: an int (every row) or ``[rows]``.
     """
 
-    def __init__(self, model, cache, position: int):
+    def __init__(self, model, cache, position: int | torch.Tensor, rows: int = 1):
         device = next(model.parameters()).device
         self.cache = cache
-        self.ids = torch.zeros((1, 1), dtype=torch.long, device=device)
-        self.positions = torch.full((1, 1), position, dtype=torch.long, device=device)
+        self.ids = torch.zeros((rows, 1), dtype=torch.long, device=device)
+        self.positions = torch.zeros((rows, 1), dtype=torch.long, device=device)
+        self.restart(position)
         self.graph = torch.cuda.CUDAGraph()
         self.pending = True  # the captured step is counted but not yet computed
         with torch.cuda.graph(self.graph):
             self.logits, _ = _forward(model, self.ids, cache, position_ids=self.positions)
             self.positions.add_(1)
 
+    def restart(self, position: int | torch.Tensor) -> None:
+        """Continue at ``position`` (an int or ``[rows]``): a new batch prefilled into the same cache."""
+        position = torch.as_tensor(position, device=self.positions.device)
+        self.positions.copy_(position.view(-1, 1).expand_as(self.positions))
+
     def step(self, token: torch.Tensor) -> torch.Tensor:
-        """Logits ``[1, V]`` after ``token`` (``[1]``); the returned tensor is overwritten by the next step."""
+        """Logits ``[rows, V]`` after ``token`` (``[rows]``); the returned tensor is overwritten by the next step."""
         if not self.pending:
             self.cache.advance()
         self.pending = False
-        self.ids.copy_(token.view(1, 1))
+        self.ids.copy_(token.view(-1, 1))
         self.graph.replay()
         return self.logits
 
 
-@torch.inference_mode()
-def greedy_generate(
-    model, input_ids: list[int], max_new_tokens: int, stop_ids: set[int], min_new_tokens: int = 0,
-    decode_graphs: bool = False,
-) -> Generation:
-    """Greedy decoding of one prompt.
+class DecodeGraphs:
+    """The decode graphs of a sequence of batches (a cell of a run): per batch shape a static `PackedCache` and one
+    graph of the step over it, captured once.
 
-    The prompt is prefilled in one forward (``logits_to_keep=1``), timed with CUDA events on the GPU (`_PrefillTimer`);
-    decode steps reuse the KV cache the prefill returned (inside `elastic_bench.apply`, its packed cache). Generation
-    stops at a token of ``stop_ids`` (not returned) once ``min_new_tokens`` tokens exist; before that, stop tokens are
-    masked out. ``decode_graphs`` (CUDA, batch 1, a packed cache): the decode steps run the model's small operations
-    compiled (`elastic_bench.modeling.fusion.fused_ops`), and after two eager decode steps the others replay one CUDA
-    graph of
-    the step (`DecodeGraph`).
+    Args:
+        row_slots: slots of every cache row (the longest prompt plus the longest answer the batches will have); a
+            batch that needs more gets a larger cache, whose graph is captured anew.
+        capture: makes the graph of a shape, ``capture(model, cache, positions, rows)`` → an object with
+            ``step(tokens) -> logits`` and ``restart(positions)`` (default `DecodeGraph`; a test may count or replace
+            it).
+
+    Attributes:
+        captured: the shapes ``(rows, row_slots)`` captured so far, in order.
+    """
+
+    def __init__(self, row_slots: int = 0, capture: Callable[..., DecodeGraph] = DecodeGraph):
+        self.row_slots, self.capture = row_slots, capture
+        self.caches: dict[int, PackedCache] = {}  # rows → the static cache of that batch shape
+        self.graphs: dict[tuple[int, int], DecodeGraph] = {}
+        self.eager: dict[tuple[int, int], int] = {}  # shape → eager steps run before its capture
+        self.captured: list[tuple[int, int]] = []
+
+    def cache(self, rows: int, slots: int) -> PackedCache:
+        """The static cache of a batch of ``rows`` rows that need ``slots`` slots each, emptied for a prefill."""
+        cache = self.caches.get(rows)
+        if cache is None or cache.row_slots < slots:
+            if cache is not None:  # its graph goes with it
+                self.graphs.pop((rows, cache.row_slots), None)
+            cache = self.caches[rows] = PackedCache(row_slots=max(slots, self.row_slots))
+        cache.reset()
+        return cache
+
+    def step(self, model, cache: PackedCache, tokens: torch.Tensor, positions: torch.Tensor, first: bool):
+        """Logits ``[rows, V]`` after ``tokens`` (``[rows]``, at ``positions [rows]``) over ``cache`` (from `cache`):
+        an eager step while the shape is warming, else the shape's graph (captured now if it is due); ``first``: the
+        first decode step of a batch."""
+        shape = (tokens.shape[0], cache.row_slots)
+        graph = self.graphs.get(shape)
+        if graph is None and self.eager.get(shape, 0) < EAGER_STEPS:
+            self.eager[shape] = self.eager.get(shape, 0) + 1
+            return _forward(model, tokens[:, None], cache, position_ids=positions[:, None])[0]
+        if graph is None:
+            graph = self.graphs[shape] = self.capture(model, cache, positions, tokens.shape[0])
+            self.captured.append(shape)
+        elif first:
+            graph.restart(positions)
+        return graph.step(tokens)
+
+
+@torch.inference_mode()
+def generate(
+    model, prompts: list[list[int]], max_new_tokens: list[int], stop_ids: list[set[int]],
+    min_new_tokens: list[int] | None = None, finished: Callable[[int, list[int]], bool] | None = None,
+    decode_graphs: bool | DecodeGraphs = False, pad_id: int = 0,
+) -> Batch:
+    """Greedy decoding of a batch of prompts, each as it would be decoded alone.
+
+    The prompts are prefilled in one forward (``logits_to_keep=1``) as a left-padded batch; decode steps reuse the KV
+    cache the prefill returned (inside `elastic_bench.apply`, its packed cache). Row ``i`` stops at a token of
+    ``stop_ids[i]`` (not returned) once ``min_new_tokens[i]`` tokens exist (before that, stop tokens are masked
+    out), after ``max_new_tokens[i]`` tokens, or when ``finished(i, tokens)`` says so after a token; then it leaves
+    the batch. ``decode_graphs`` (CUDA, a packed cache): the decode steps run the model's small operations compiled
+    (`elastic_bench.modeling.fusion.fused_ops`) and replay a graph of the step (`DecodeGraphs`; True: graphs of this
+    call alone).
+
+    Args:
+        prompts: token ids of each prompt (``B`` lists).
+        max_new_tokens, stop_ids, min_new_tokens: of each prompt.
+        finished: ``finished(i, tokens)``: whether prompt ``i`` is done with the ``tokens`` it has (e.g. a stop
+            string); None: stop tokens and budgets only.
+        pad_id: the token left padding holds (never attended).
+
+    Returns:
+        A `Batch`: each prompt's tokens and cache bytes, the batch's prefill and decode seconds.
     """
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
-    cache = DynamicCache()
-    ids = torch.tensor([input_ids], device=device)
-    stop = torch.tensor(sorted(stop_ids), device=device, dtype=torch.long)
-    _sync(device)
-    with _PrefillTimer(device) as timer:
-        logits, cache = _forward(model, ids, cache, logits_to_keep=1)
-    prefilled = time.perf_counter()
-    tokens: list[int] = []
+    graphs = DecodeGraphs() if decode_graphs is True else decode_graphs or None
+    batch = LeftPadded.of(prompts, pad_id, device)
+    B = len(prompts)
+    budget = max(max_new_tokens)
+    cache = graphs.cache(B, int(batch.lengths.max()) + budget) if graphs else DynamicCache()
+    padding = {"attention_mask": batch.mask, "position_ids": batch.positions} if batch.padded else {}
+    stops = [torch.tensor(sorted(s), dtype=torch.long, device=device) for s in stop_ids]
+    least = min_new_tokens or [0] * B
+    timer = DeviceTimer(device)
+    with timer.span():
+        logits, cache = _forward(model, batch.ids, cache, logits_to_keep=1, **padding)
+    packed = isinstance(cache, PackedCache)
+    mask = padding.get("attention_mask")  # attended at decode by a cache that keeps the padding (not a packed one)
+    rows = [Row([]) for _ in prompts]
+    live = list(range(B))  # the prompt of each row of the running batch
+    running = [n > 0 for n in max_new_tokens]  # whether each row still generates (with graphs, finished rows stay)
+    lengths = batch.lengths
     steps = 0
-    graph = None
-    with fused_ops(model) if decode_graphs else contextlib.nullcontext():
-        for step in range(max_new_tokens):
-            if step < min_new_tokens and stop.numel():
-                logits[:, stop] = float("-inf")
-            token = logits.argmax(-1)
-            if int(token) in stop_ids:
+    with timer.span(), (fused_ops(model) if graphs else contextlib.nullcontext()):
+        for step in range(budget):
+            for i, prompt in enumerate(live):
+                if running[i] and step < least[prompt] and stops[prompt].numel():
+                    logits[i, stops[prompt]] = float("-inf")
+            tokens = logits.argmax(-1)
+            for i, (prompt, token) in enumerate(zip(live, tokens.tolist())):
+                if running[i]:
+                    running[i] = _take(rows[prompt], token, stop_ids[prompt], max_new_tokens[prompt], finished,
+                                       prompt)
+                    if not running[i] and packed:
+                        rows[prompt].kv_bytes, rows[prompt].kv_bytes_full = cache.sample_nbytes(i)
+            if not any(running):
                 break
-            tokens.append(int(token))
-            if step + 1 < max_new_tokens:
-                if graph is not None:
-                    logits = graph.step(token)
-                elif decode_graphs and steps == 2 and isinstance(cache, PackedCache):
-                    cache.reserve(max_new_tokens - step)
-                    graph = DecodeGraph(model, cache, len(input_ids) + step)
-                    logits = graph.step(token)
-                else:
-                    logits, cache = _forward(model, token[:, None], cache)
-                steps += 1
-    _sync(device)
-    return Generation(tokens, timer.seconds, time.perf_counter() - prefilled, steps)
+            if graphs:  # the batch keeps its shape; finished rows ride along
+                logits = graphs.step(model, cache, tokens, lengths + step, first=step == 0)
+            else:
+                if not all(running):
+                    keep = [i for i, on in enumerate(running) if on]
+                    index = torch.tensor(keep, device=device)
+                    cache.batch_select_indices(index)
+                    tokens, lengths = tokens[index], lengths[index]
+                    mask = mask[index] if mask is not None else None
+                    live, running = [live[i] for i in keep], [True] * len(keep)
+                kwargs = {}
+                if mask is not None and not packed:
+                    mask = kwargs["attention_mask"] = torch.cat([mask, mask.new_ones(len(live), 1)], 1)
+                logits, cache = _forward(model, tokens[:, None], cache, position_ids=(lengths + step)[:, None],
+                                         **kwargs)
+            steps += 1
+    prefill_seconds, decode_seconds = timer.elapsed()
+    return Batch(rows, prefill_seconds, decode_seconds, steps)
+
+
+def _take(row: Row, token: int, stop_ids: set[int], max_new_tokens: int, finished, prompt: int) -> bool:
+    """Add ``token`` to ``row`` (or end it on a stop token); whether the row goes on."""
+    if token in stop_ids:
+        row.stop_token = token
+        return False
+    row.tokens.append(token)
+    return len(row.tokens) < max_new_tokens and not (finished is not None and finished(prompt, row.tokens))
+
+
+def greedy_generate(
+    model, input_ids: list[int], max_new_tokens: int, stop_ids: set[int], min_new_tokens: int = 0,
+    decode_graphs: bool | DecodeGraphs = False,
+) -> Generation:
+    """Greedy decoding of one prompt: `generate` of a batch of one, its prefill timed alone."""
+    batch = generate(model, [input_ids], [max_new_tokens], [stop_ids], [min_new_tokens], decode_graphs=decode_graphs)
+    (row,) = batch.rows
+    return Generation(row.tokens, batch.prefill_seconds, batch.decode_seconds, batch.decode_steps, row.kv_bytes,
+                      row.kv_bytes_full)
+
+
+def warm_up(model, input_ids: list[int], decode_graphs: bool | DecodeGraphs = False, rows: int = 1) -> None:
+    """An untimed prefill of ``input_ids`` and a decode step, exactly as `greedy_generate` runs them: the first call
+    of a compiled kernel (Triton, FlexAttention) pays for compilation, which no timed step then includes. With
+    ``decode_graphs`` the decode step runs the model's small operations compiled (`fused_ops`), as those of
+    `greedy_generate` then do, so their compilation is paid here too; given `DecodeGraphs` (inside
+    `elastic_bench.apply`), a batch of ``rows`` copies of the prompt decodes until the graph of that batch shape is
+    captured and replayed, so no later batch of that shape captures one (a graph does not depend on the prompts'
+    lengths: a short prompt warms the shape)."""
+    if isinstance(decode_graphs, DecodeGraphs):
+        steps = EAGER_STEPS + 2  # tokens: the prefill's, the eager steps', the captured step's and a replay's
+        generate(model, [input_ids] * rows, [steps] * rows, [set()] * rows, [steps] * rows,
+                 decode_graphs=decode_graphs)
+    else:
+        _warm_step(model, input_ids, decode_graphs)
+    device = next(model.parameters()).device
+    if device.type == "cuda":  # the warm-up's work is done before anything is timed
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def _warm_step(model, input_ids: list[int], fused: bool) -> None:
+    """A prefill and one decode step (inside `fused_ops` when ``fused``)."""
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    logits, cache = _forward(model, torch.tensor([input_ids], device=device), DynamicCache(), logits_to_keep=1)
+    with fused_ops(model) if fused else contextlib.nullcontext():
+        _forward(model, logits.argmax(-1)[:, None], cache)
+
+
+def fitting_batch(model, prompt: list[int], most: int, decode_graphs: bool | DecodeGraphs = False) -> int:
+    """The largest batch of ``prompt`` (at most ``most`` rows, halved from there) whose prefill and first decode step
+    fit in the device's memory, with ``decode_graphs`` as `generate` takes it (a static cache holds more than a
+    packed one); 1 when even two do not fit (one's out-of-memory error then comes from the run itself)."""
+    rows = most
+    while rows > 1:
+        try:
+            generate(model, [prompt] * rows, [2] * rows, [set()] * rows, [2] * rows, decode_graphs=decode_graphs)
+            return rows
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            rows //= 2
+    return 1

@@ -15,6 +15,7 @@ call into a HeadPlan (after kvpress' presses).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -123,13 +124,32 @@ class Method:
 
     def label(self) -> str:
         """Name plus the knobs that differ from their defaults, e.g. ``streaming-local=256``: used for run folders
-        (a ``/`` in a value, e.g. a file path, is written ``%2F`` so the label stays one folder)."""
+        (a ``/`` in a value, e.g. a file path, is written ``%2F`` so the label stays one folder; a value longer than
+        `LABEL_VALUE_LIMIT` characters is shortened, see `label_value`)."""
         changed = [
-            f"{f.name}={str(getattr(self, f.name)).replace('%', '%25').replace('/', '%2F')}"
+            f"{f.name}={label_value(getattr(self, f.name))}"
             for f in dataclasses.fields(self)
             if f.default is not dataclasses.MISSING and getattr(self, f.name) != f.default
         ]
         return "-".join([self.name, *changed])
+
+
+LABEL_VALUE_LIMIT = 64
+"""The longest knob value a method label (a folder name) holds whole, so that a label stays far below the 255 bytes of a
+file name."""
+
+
+def label_value(value: Any) -> str:
+    """``value`` as a method label writes it: ``%`` and ``/`` escaped (``%25``, ``%2F``); when that is longer than
+    `LABEL_VALUE_LIMIT` (a deep file path), its last path component (at most 32 characters) and ``~`` and 10 hex
+    digits of the whole value's SHA-256, e.g. ``full_attention_heads.tsv~3f2a9c1b0d``: short, and distinct for
+    distinct values."""
+    text = str(value)
+    escaped = text.replace("%", "%25").replace("/", "%2F")
+    if len(escaped) <= LABEL_VALUE_LIMIT:
+        return escaped
+    last = text.rstrip("/").rsplit("/", 1)[-1][:32].replace("%", "%25")
+    return f"{last}~{hashlib.sha256(text.encode()).hexdigest()[:10]}"
 
 
 REGISTRY: Registry[type[Method]] = Registry("method", entry_points="elastic_bench.methods")

@@ -17,10 +17,21 @@ Design decisions:
   states; the attention glue reads the packed layer instead (`elastic_bench.kernels.decode.decode_attention`, one
   call per layer). When the kept rows' room is used up, the layer is reallocated with ``GROW`` more slots per kept
   row.
+- A batch drops the samples that finished (`PackedLayer.batch_select_indices`, transformers' call): their rows leave
+  the per-row vectors, so decode steps no longer compute them; their slots stay allocated until the next reallocation.
+- What a sample's rows hold is counted on the host (`PackedLayer.sample_nbytes`: its rows' slots, its own tokens), so a
+  sample of a batch reports the bytes it would hold alone.
+- A static cache (``row_slots``, for CUDA graphs replayed over batch after batch): every row gets ``row_slots`` slots
+  at a fixed place, and every tensor a decode step reads (storage, per-row vectors) keeps its address from one pack
+  to the next, as do the decode kernel's host integers; the bytes counted are still those the method's packing keeps
+  (the slots of the cache without ``row_slots``).
 - Decode plans with BLOCK_SPARSE heads or a chunked geometry are refused when packing (no method decodes so).
 """
 
 from __future__ import annotations
+
+import dataclasses
+import functools
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -60,11 +71,18 @@ def _packed(keys, values, positions, offsets: torch.Tensor, caps: list[int], win
 
 
 class PackedLayer(DynamicLayer):
-    """One layer of a `PackedCache`: a `DynamicLayer` until `pack`, then packed rows (`packed`)."""
+    """One layer of a `PackedCache`: a `DynamicLayer` until `pack`, then packed rows (`packed`).
 
-    def __init__(self):
+    Args:
+        row_slots: a static layer (`PackedCache`'s ``row_slots``): every row has this many slots, and each pack writes
+            into the tensors of the first (one batch shape).
+    """
+
+    def __init__(self, row_slots: int = 0):
         super().__init__()
         self.packed: PackedKV | None = None
+        self.row_slots = row_slots
+        self.fixed: dict[str, torch.Tensor | tuple] = {}  # a static layer's tensors, kept from pack to pack
 
     # ---- packing -------------------------------------------------------------------------------------------------
 
@@ -89,10 +107,15 @@ class PackedLayer(DynamicLayer):
         ring = streaming & evict
         lengths = [L - s for s in starts]
         caps = [sink + span if ring[b, h] else lengths[b] + GROW for b in range(B) for h in range(H)]
-        offsets = _offsets(caps)
-        total = sum(caps)
-        dense_k, dense_v = keys.new_zeros((total, D)), values.new_zeros((total, D))
-        positions = torch.full((total,), -1, dtype=torch.int32, device=keys.device)
+        if self.row_slots and max(lengths) > self.row_slots:
+            raise ValueError(f"a static packed cache of {self.row_slots} slots per row cannot hold a prompt of "
+                             f"{max(lengths)} tokens")
+        storage = [self.row_slots] * (B * H) if self.row_slots else caps
+        offsets = _offsets(storage)
+        total = sum(storage)
+        dense_k = self._storage("keys", (total, D), keys.dtype, None)
+        dense_v = self._storage("values", (total, D), values.dtype, None)
+        positions = self._storage("positions", (total,), torch.int32, -1)
         for b in range(B):
             n = lengths[b]
             for h in range(H):
@@ -111,14 +134,51 @@ class PackedLayer(DynamicLayer):
         self.tokens = L
         self.steps = 0  # decode tokens written (host); `newest` advances on the device, for CUDA-graph replays
         self.room = GROW
+        self.heads = H
+        self.lengths = lengths  # each sample's prompt tokens (host)
+        self.caps = caps  # each row's slots (host)
+        self.rings = ring.reshape(-1).tolist()  # whether each row is a ring (host)
         self.newest = torch.tensor(lengths, dtype=torch.int32, device=device).repeat_interleave(H) - 1  # [R]
         self.rule = AppendRule(ring.reshape(-1).to(device), streaming.reshape(-1).to(device), sink, span,
                                *geometry.window_steps(plan.block_size))
-        self.kept_rows = [r for r in range(B * H) if not bool(ring.reshape(-1)[r])]
         window_start = torch.where(self.rule.streaming, geometry.window_start(self.newest, plan.block_size), 0).int()
         sink_end = torch.where(self.rule.streaming, sink, 0).int()
-        self.packed = _packed(dense_k, dense_v, positions, offsets, caps, window_start, sink_end)
+        self.packed = _packed(dense_k, dense_v, positions, offsets, storage, window_start, sink_end)
+        if self.row_slots:
+            self._hold()
         self.keys = self.values = None  # the dense prompt is released
+
+    def _storage(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, fill: int | None) -> torch.Tensor:
+        """A new storage tensor filled with ``fill`` (0 for None); a static layer's own one (allocated at its first
+        pack), filled where ``fill`` is given."""
+        device = self.keys.device
+        if not self.row_slots:
+            return torch.full(shape, fill or 0, dtype=dtype, device=device)
+        held = self.fixed.get(name)
+        if held is None:
+            held = self.fixed[name] = torch.zeros(shape, dtype=dtype, device=device)
+        elif held.shape != shape or held.dtype != dtype:
+            raise ValueError(f"a static packed cache holds one batch shape: its {name} are {tuple(held.shape)}, the "
+                             f"batch needs {shape}")
+        return held.fill_(fill) if fill is not None else held
+
+    def _hold(self) -> None:
+        """Move the per-row vectors of a static layer into its own tensors (copied in place after the first pack),
+        and check that the decode kernels' host integers are those of the first pack."""
+        kv, rule = self.packed, self.rule
+        ints = (kv.max_slots, kv.long_rows, rule.ring_sink, rule.ring_span, rule.quantum, rule.back)
+        if self.fixed.setdefault("ints", ints) != ints:
+            raise ValueError(f"a static packed cache takes one streaming geometry: {self.fixed['ints']}, now {ints}")
+        fixed = {}
+        for name, value in (("offsets", kv.offsets), ("slots", kv.slots), ("window_start", kv.window_start),
+                            ("sink_end", kv.sink_end), ("newest", self.newest), ("ring", rule.ring),
+                            ("streaming", rule.streaming)):
+            held = self.fixed.get(name)
+            fixed[name] = held.copy_(value) if held is not None else self.fixed.setdefault(name, value)
+        self.packed = dataclasses.replace(kv, **{k: fixed[k] for k in ("offsets", "slots", "window_start",
+                                                                          "sink_end")})
+        self.newest = fixed["newest"]
+        self.rule = dataclasses.replace(rule, ring=fixed["ring"], streaming=fixed["streaming"])
 
     # ---- decoding ------------------------------------------------------------------------------------------------
 
@@ -131,28 +191,36 @@ class PackedLayer(DynamicLayer):
             raise NotImplementedError("a packed KV cache continues one token at a time; for a prefill fed in chunks "
                                       "by the caller use kv_cache='dynamic'")
         self.advance()
-        if self.steps > self.room:
-            self._grow(GROW)
         rows = self.packed.num_rows
         append_token(self.packed, key_states.reshape(rows, -1), value_states.reshape(rows, -1), self.newest, self.rule)
         return key_states, value_states
 
     def advance(self) -> None:
-        """Count one decode token on the host (`update` does; a CUDA-graph replay of a step does the device work)."""
+        """Count one decode token on the host (`update` does; a CUDA-graph replay of a step does the device work); a
+        kept row whose room is used up gets ``GROW`` more slots."""
         self.steps += 1
         self.tokens += 1
+        if self.row_slots and max(self.lengths) + self.steps > self.row_slots:
+            raise RuntimeError(f"a static packed cache of {self.row_slots} slots per row is full")
+        if self.steps > self.room:
+            self._grow(GROW)
 
     def reserve(self, tokens: int) -> None:
         """Room for ``tokens`` more decode tokens in every kept row, so no step reallocates (a CUDA graph needs the
-        storage it was captured on)."""
-        if self.packed is not None and self.steps + tokens > self.room:
+        storage it was captured on); a static layer has its room already."""
+        if self.packed is not None and not self.row_slots and self.steps + tokens > self.room:
             self._grow(self.steps + tokens - self.room)
 
     def _grow(self, extra: int) -> None:
-        """Reallocate with ``extra`` more slots for every kept row."""
+        """Reallocate with ``extra`` more slots for every kept row (the rows of dropped samples are left behind); a
+        static layer has room already and counts the slots only."""
         kv = self.packed
-        old_caps = kv.slots.tolist()
-        caps = [c + extra if r in self.kept_rows else c for r, c in enumerate(old_caps)]
+        old_caps = self.caps
+        caps = [c if ring else c + extra for c, ring in zip(old_caps, self.rings)]
+        self.room += extra
+        if self.row_slots:
+            self.caps = caps
+            return
         offsets = _offsets(caps)
         total, width = sum(caps), kv.keys.shape[1]
         keys, values = kv.keys.new_zeros((total, width)), kv.values.new_zeros((total, width))
@@ -162,7 +230,38 @@ class PackedLayer(DynamicLayer):
             values[new : new + cap] = kv.values[old : old + cap]
             positions[new : new + cap] = kv.positions[old : old + cap]
         self.packed = _packed(keys, values, positions, offsets, caps, kv.window_start, kv.sink_end)
-        self.room += extra
+        self.caps = caps
+
+    def batch_select_indices(self, indices: torch.Tensor | list[int]) -> None:
+        """Keep the samples ``indices`` (``[B']``, in their new order), as transformers asks when a batch drops
+        finished samples. Packed: the kept samples' rows stay where they are in the storage; only the per-row vectors
+        are selected, so the decode kernels no longer visit the dropped rows."""
+        if self.packed is None:
+            super().batch_select_indices(indices)
+            return
+        if self.row_slots:
+            raise NotImplementedError("a static packed cache keeps its batch shape")
+        samples = indices.tolist() if isinstance(indices, torch.Tensor) else list(indices)
+        rows = [b * self.heads + h for b in samples for h in range(self.heads)]
+        index = torch.tensor(rows, dtype=torch.long, device=self.newest.device)
+        kv = self.packed
+        self.caps = [self.caps[r] for r in rows]
+        self.rings = [self.rings[r] for r in rows]
+        self.lengths = [self.lengths[b] for b in samples]
+        self.packed = _packed(kv.keys, kv.values, kv.positions, kv.offsets[index], self.caps, kv.window_start[index],
+                              kv.sink_end[index])
+        self.newest = self.newest[index]
+        self.rule = dataclasses.replace(self.rule, ring=self.rule.ring[index], streaming=self.rule.streaming[index])
+
+    def sample_nbytes(self, sample: int) -> tuple[int, int]:
+        """(bytes held, bytes a `DynamicCache` would hold) for batch row ``sample`` alone: its rows' slots (keys,
+        values, positions), and ``[H, tokens, D]`` keys and values of its own tokens (prompt without padding, plus the
+        decode tokens); counted on the host, once packed."""
+        kv = self.packed
+        width = kv.keys.shape[1] * (kv.keys.element_size() + kv.values.element_size())
+        slots = sum(self.caps[sample * self.heads : (sample + 1) * self.heads])
+        full = self.heads * (self.lengths[sample] + self.steps) * width
+        return slots * (width + kv.positions.element_size()), full
 
     # ---- what transformers asks of a layer -----------------------------------------------------------------------
 
@@ -170,17 +269,16 @@ class PackedLayer(DynamicLayer):
         return self.tokens if self.packed is not None else super().get_seq_length()
 
     def nbytes(self) -> int:
-        """Bytes held: the packed slots, or the dense keys and values."""
+        """Bytes held: the slots of the samples' packed rows (`sample_nbytes`), or the dense keys and values."""
         if self.packed is not None:
-            return self.packed.nbytes()
+            return sum(self.sample_nbytes(b)[0] for b in range(len(self.lengths)))
         return sum(t.numel() * t.element_size() for t in (self.keys, self.values) if t is not None)
 
     def full_nbytes(self) -> int:
-        """Bytes a `DynamicCache` would hold for the same tokens (``[B, H, tokens, D]`` keys and values)."""
+        """Bytes a `DynamicCache` would hold for the samples' own tokens (``[H, tokens, D]`` keys and values each)."""
         if self.packed is None:
             return self.nbytes()
-        kv = self.packed
-        return kv.num_rows * self.tokens * kv.keys.shape[1] * (kv.keys.element_size() + kv.values.element_size())
+        return sum(self.sample_nbytes(b)[1] for b in range(len(self.lengths)))
 
     def reset(self) -> None:
         self.packed = None
@@ -202,22 +300,25 @@ class PackedLayer(DynamicLayer):
         self._refuse("repeat its batch")
         super().batch_repeat_interleave(repeats)
 
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._refuse("select from its batch")
-        super().batch_select_indices(indices)
-
 
 class PackedCache(Cache):
     """A transformers cache of `PackedLayer` layers (created lazily, one per attention layer).
 
     Args:
         evict: STREAMING rows keep sink + window only (True), or every token (False: decode applies the window by
-            mask, as upstream).
+            mask, as upstream). Inside `elastic_bench.apply`, a forward given an empty `PackedCache` sets it from
+            ``kv_cache``.
+        row_slots: a static cache: every row of every layer has ``row_slots`` slots at a fixed place, and its tensors
+            keep their addresses from one prefill (after `reset`) to the next, so that a CUDA graph of the decode step
+            captured over one batch replays over the next batch of the same shape (`PackedLayer`). 0: rows sized to
+            what they keep, grown as needed.
     """
 
-    def __init__(self, evict: bool = True):
-        super().__init__(layer_class_to_replicate=PackedLayer)
+    def __init__(self, evict: bool = True, row_slots: int = 0):
+        super().__init__(layer_class_to_replicate=functools.partial(PackedLayer, row_slots) if row_slots
+                         else PackedLayer)
         self.evict = evict
+        self.row_slots = row_slots
 
     def reserve(self, tokens: int) -> None:
         """Room for ``tokens`` more decode tokens in every layer (`PackedLayer.reserve`)."""
@@ -236,3 +337,9 @@ class PackedCache(Cache):
     def full_nbytes(self) -> int:
         """Bytes a `DynamicCache` would hold for the same tokens."""
         return sum(layer.full_nbytes() for layer in self.layers)
+
+    def sample_nbytes(self, sample: int) -> tuple[int, int]:
+        """(bytes held, bytes a `DynamicCache` would hold) for batch row ``sample`` alone, over all layers
+        (`PackedLayer.sample_nbytes`): what a generation of that sample alone would hold."""
+        counts = [layer.sample_nbytes(sample) for layer in self.layers]
+        return sum(held for held, _ in counts), sum(full for _, full in counts)

@@ -10,15 +10,21 @@ tokenizers of different granularity. They need no download and exist for tests a
 project's own small long-context model, shipped inside the package. ``random:llama-3.1-8b`` / ``random:qwen3-8b`` are
 random weights at the real shapes, built directly on the target device, for speed and memory measurements (with the
 byte-level tokenizer).
+
+A spec is resolved once (`resolve_model`) into a `ModelSource`: its kind, where its files are, its folder label and
+the positions it was trained for; `load_model` and a run take that object, so nothing parses the spec again.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from contextlib import contextmanager
-from functools import lru_cache
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -47,102 +53,244 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def check_device(spec: str | torch.device | None) -> torch.device:
+def check_device(spec: str | torch.device | None, meta: bool = False) -> torch.device:
     """The device ``spec`` names (``cpu``, ``cuda``, ``cuda:1``, ...; None: CUDA when available), checked to exist on
     this machine, so that a wrong ``--device`` is refused before any model loads.
+
+    Accepted: ``cpu`` (without an index: there is one CPU device), ``cuda`` / ``cuda:N`` of an existing GPU, a device
+    type whose torch module says it is available (``mps``, ``xpu``), and ``meta`` (weights without storage: shapes
+    only) when ``meta`` is True, as `load_model` allows.
 
     Raises:
         ValueError: ``spec`` is not a device name, or names a device this machine does not have (one line).
     """
     if spec is None:
         return default_device()
+    wrong = ValueError(f"device must be cpu, cuda or cuda:N (e.g. cuda:0), got {str(spec)!r}")
     try:
         device = torch.device(spec)
     except (RuntimeError, TypeError):
-        raise ValueError(f"device must be cpu, cuda or cuda:N (e.g. cuda:0), got {str(spec)!r}") from None
+        raise wrong from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError("no CUDA device: torch.cuda.is_available() is False")
         count = torch.cuda.device_count()
         if device.index is not None and device.index >= count:
             raise ValueError(f"{device} does not exist ({count} device{'' if count == 1 else 's'})")
-    elif device.type not in ("cpu", "meta"):
-        backend = getattr(torch, device.type, None)  # torch.mps, torch.xpu, ...: a device module with is_available
-        available = getattr(backend, "is_available", None)
-        if available is not None and not available():
+    elif device.type == "cpu":
+        if device.index is not None:
+            raise ValueError(f"the CPU takes no device index: give cpu, got {str(spec)!r}")
+    elif device.type != "meta" or not meta:
+        available = getattr(getattr(torch, device.type, None), "is_available", None)  # torch.mps, torch.xpu, ...
+        if available is None:
+            raise wrong
+        if not available():
             raise ValueError(f"no {device.type} device: torch.{device.type}.is_available() is False")
     return device
+
+
+def check_backend(backend: str, device: str | torch.device | None) -> None:
+    """Refuse an attention ``backend`` (``--backend``) that cannot run on ``device`` (checked with `check_device`),
+    e.g. ``triton`` on a CPU, before any model loads; ``auto`` runs everywhere.
+
+    Raises:
+        ValueError: ``device`` is wrong, or ``backend`` is unknown or not available on it (one line).
+    """
+    from elastic_bench.kernels import available_backends, backend_names
+
+    device = check_device(device)
+    if backend == "auto":
+        return
+    if backend not in backend_names():
+        raise did_you_mean("attention backend", backend, ["auto", *backend_names()])
+    if backend not in available_backends(device):
+        raise ValueError(f"attention backend {backend!r} cannot run on {device}; available there: auto, "
+                         f"{', '.join(available_backends(device))}")
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def load_model(spec: str, dtype: torch.dtype | None = None, device: str | torch.device | None = None):
+ModelKind = Literal["tiny", "random", "testbed", "folder", "gguf", "hub"]
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A model spec resolved once (`resolve_model`): what it names and where its files are.
+
+    Attributes:
+        spec: the spec as given (``tiny:qwen3``, ``testbed``, a path, a hub id); results record it.
+        kind: ``tiny`` / ``random`` (random weights built here), ``testbed`` (the shipped checkpoint), ``folder`` (a
+            local transformers folder), ``gguf`` (a GGUF checkpoint) or ``hub`` (a Hugging Face hub id).
+        name: the architecture of a ``tiny`` model or the preset of a ``random`` one (``qwen3``, ``llama-3.1-8b``);
+            ``""`` for the others.
+        path: where the model's files are: the testbed's or a local folder, a GGUF file's folder, a hub id; ``""``
+            for the built-in random models. A method looks there for the artifacts shipped with the model
+            (`elastic_bench.modeling.interface.Method.artifacts`).
+        gguf: the GGUF file of a ``gguf`` checkpoint, else None.
+    """
+
+    spec: str
+    kind: ModelKind
+    name: str = ""
+    path: str = ""
+    gguf: Path | None = None
+
+    @cached_property
+    def label(self) -> str:
+        """A folder-safe name (``tiny:qwen3`` → ``tiny-qwen3``, ``org/name`` → ``org--name``); for a local checkpoint
+        the model's own name where its files state one (a GGUF's ``general.name``, a config.json's ``_name_or_path``
+        that is a name, not a path), else the GGUF file's stem or the folder's name."""
+        if self.gguf is not None:
+            name = gguf_metadata(self.gguf, "general.name").get("general.name")
+            return (_folder_safe(name) if isinstance(name, str) else "") or self.gguf.stem
+        if self.kind == "folder":
+            return _folder_safe(_config_name(Path(self.path)) or "") or Path(self.path).resolve().name
+        return self.spec.replace("tiny:", "tiny-").replace("/", "--")
+
+    @cached_property
+    def positions(self) -> int:
+        """The positions the model was trained for (its config's ``max_position_embeddings``; a GGUF's
+        ``<arch>.context_length``), read without loading the weights. For a GGUF checkpoint this also checks that
+        transformers can load its architecture (a ValueError otherwise)."""
+        if self.kind in ("tiny", "random"):
+            return _config("llama").max_position_embeddings
+        from transformers import AutoConfig
+
+        if self.gguf is not None:
+            with _gguf_errors(self.gguf):
+                config = AutoConfig.from_pretrained(str(self.gguf.parent), gguf_file=self.gguf.name)
+            return int(config.max_position_embeddings)
+        return int(AutoConfig.from_pretrained(self.path, **_hub_access(self)).max_position_embeddings)
+
+
+def resolve_model(spec: str | ModelSource) -> ModelSource:
+    """The `ModelSource` of ``spec`` (a `ModelSource` is returned as it is).
+
+    Raises:
+        FileNotFoundError: the testbed is missing, a path (``./name``, ``/a/b``, ``a/b/c``, ...) names nothing, or a
+            folder holds neither config.json nor a ``.gguf`` file.
+        ValueError: an unknown name, a file that is not GGUF, or a folder of several ``.gguf`` files.
+    """
+    if isinstance(spec, ModelSource):
+        return spec
+    if spec.startswith("tiny:") or spec.startswith("random:"):
+        kind, _, name = spec.partition(":")
+        if name not in (TINY_ARCHITECTURES if kind == "tiny" else RANDOM_PRESETS):
+            raise did_you_mean("model", spec, NAMED_MODELS)
+        return ModelSource(spec, kind, name=name)
+    if spec == "testbed":
+        if not (TESTBED_DIR / "config.json").exists():
+            raise FileNotFoundError(f"the testbed checkpoint is missing from this installation ({TESTBED_DIR})")
+        return ModelSource(spec, "testbed", path=str(TESTBED_DIR))
+    if Path(spec).exists():
+        gguf = gguf_file(spec)
+        if gguf:
+            return ModelSource(spec, "gguf", path=str(gguf.parent), gguf=gguf)
+        if not (Path(spec) / "config.json").exists():
+            raise FileNotFoundError(f"{spec} is a path but holds no config.json and no .gguf file: not a transformers "
+                                    "model directory nor a GGUF checkpoint")
+        return ModelSource(spec, "folder", path=spec)
+    if HUB_ID.fullmatch(spec):
+        return ModelSource(spec, "hub", path=spec)  # reached only when loaded (`_hub_access`)
+    if "/" in spec or "\\" in spec or spec.startswith((".", "~")):
+        raise FileNotFoundError(f"no such model folder or file: {spec}")
+    raise did_you_mean("model", spec, NAMED_MODELS + ["<local path>", "<hub org/name>"])
+
+
+HUB_ID = re.compile(r"(?!.*\.\.)[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")  # org/name, as the hub allows them
+HUB_TIMEOUT = 5.0  # seconds the hub has to answer before a hub model is looked up in the local cache only
+
+
+def _hub_access(source: ModelSource) -> dict[str, bool]:
+    """The ``from_pretrained`` arguments that read a hub model's files: none when the hub answers; when it cannot be
+    used (``HF_HUB_OFFLINE`` is set, or no answer within ``HUB_TIMEOUT`` seconds), the local cache only, so that
+    transformers does not retry the network; none for a model that is not a hub id.
+
+    Raises:
+        ValueError: the hub cannot be used and the model is not in the local cache (one line).
+    """
+    if source.kind != "hub":
+        return {}
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    offline = constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+    why = "HF_HUB_OFFLINE is set" if offline else _hub_unreachable(constants.ENDPOINT)
+    if why is None:
+        return {}
+    if isinstance(try_to_load_from_cache(source.path, "config.json"), str):
+        return {"local_files_only": True}
+    raise ValueError(f"hub model {source.spec} is not in the local Hugging Face cache and the hub cannot be used "
+                     f"({why}): download it where the hub is reachable, or give a local folder")
+
+
+@lru_cache(maxsize=1)
+def _hub_unreachable(endpoint: str) -> str | None:
+    """Why the hub at ``endpoint`` does not answer within ``HUB_TIMEOUT`` seconds (one request, once per process),
+    or None when it does."""
+    from huggingface_hub.utils import get_session
+
+    try:
+        get_session().head(endpoint, timeout=HUB_TIMEOUT)
+    except Exception as err:  # noqa: BLE001  (no network, DNS, proxy, TLS: all mean "unreachable")
+        return f"{endpoint} did not answer: {type(err).__name__}"
+    return None
+
+
+def load_model(spec: str | ModelSource, dtype: torch.dtype | None = None, device: str | torch.device | None = None):
     """Load ``(model, tokenizer)`` for ``spec``.
 
     Args:
         spec: ``tiny:qwen3``, ``tiny:llama``, ``testbed``, ``random:<preset>``, a local transformers folder, a GGUF
-            file (or a folder holding one; dequantized to ``dtype`` in memory), or a Hugging Face hub id.
+            file (or a folder holding one; dequantized to ``dtype`` in memory), a Hugging Face hub id, or one of
+            these already resolved (`resolve_model`).
         dtype: weights dtype; bf16 on CUDA and fp32 on CPU by default.
-        device: ``"cuda"``, ``"cpu"``, ...; CUDA when available by default (checked with `check_device`).
+        device: ``"cuda"``, ``"cpu"``, ...; CUDA when available by default (checked with `check_device`; ``"meta"``
+            builds the weights without storage).
 
     Returns:
         The model in eval mode with ``attn_implementation="sdpa"``, and its tokenizer.
     """
-    device = check_device(device)
+    device = check_device(device, meta=True)
     dtype = dtype or default_dtype(device)
-    if spec.startswith("tiny:"):
-        arch = spec.removeprefix("tiny:")
-        if arch not in TINY_ARCHITECTURES:
-            raise did_you_mean("model", spec, NAMED_MODELS)
-        tokenizer = bpe_tokenizer() if arch == "llama" else byte_tokenizer()
-        model = tiny_model(arch, tokenizer)
+    source = resolve_model(spec)
+    tokenizer = load_tokenizer(source)
+    if source.kind == "tiny":
+        model = tiny_model(source.name, tokenizer)
         model.to(device=device, dtype=dtype)
-    elif spec.startswith("random:"):
-        preset = spec.removeprefix("random:")
-        if preset not in RANDOM_PRESETS:
-            raise did_you_mean("model", spec, NAMED_MODELS)
-        model, tokenizer = random_model(preset, device, dtype), byte_tokenizer()
+    elif source.kind == "random":
+        model = random_model(source.name, device, dtype)
     else:
-        path, gguf = _resolve_path(spec), gguf_file(spec)
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
-        if gguf:
+        gguf = source.gguf
+        if gguf is not None:
             with _gguf_errors(gguf):
-                tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
                 model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=dtype,
                                                              attn_implementation="sdpa")
         else:
-            tokenizer = AutoTokenizer.from_pretrained(path)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+            model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype, attn_implementation="sdpa",
+                                                         **_hub_access(source))
         model.to(device)
     model.eval()
     return model, tokenizer
 
 
-def _resolve_path(spec: str) -> str:
-    """The folder or hub id holding model ``spec`` (a GGUF file's folder for a GGUF checkpoint).
+def load_tokenizer(spec: str | ModelSource):
+    """The tokenizer of model ``spec`` (as `load_model` returns it), without the weights: what a run needs to check its
+    lengths against its tasks before the model loads."""
+    source = resolve_model(spec)
+    if source.kind == "tiny":
+        return bpe_tokenizer() if source.name == "llama" else byte_tokenizer()
+    if source.kind == "random":
+        return byte_tokenizer()
+    from transformers import AutoTokenizer
 
-    Raises:
-        FileNotFoundError: the testbed is missing, or a folder holds neither config.json nor a ``.gguf`` file.
-        ValueError: an unknown name, a file that is not GGUF, or a folder of several ``.gguf`` files.
-    """
-    if spec == "testbed":
-        if not (TESTBED_DIR / "config.json").exists():
-            raise FileNotFoundError(f"the testbed checkpoint is missing from this installation ({TESTBED_DIR})")
-        return str(TESTBED_DIR)
-    if Path(spec).exists():
-        gguf = gguf_file(spec)
-        if gguf:
-            return str(gguf.parent)
-        if not (Path(spec) / "config.json").exists():
-            raise FileNotFoundError(f"{spec} is a path but holds no config.json and no .gguf file: not a transformers "
-                                    "model directory nor a GGUF checkpoint")
-        return spec
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
-        return spec  # a hub id; transformers reports a clear error when it cannot be reached
-    raise did_you_mean("model", spec, NAMED_MODELS + ["<local path>", "<hub org/name>"])
+    if source.gguf is not None:
+        with _gguf_errors(source.gguf):
+            return AutoTokenizer.from_pretrained(str(source.gguf.parent), gguf_file=source.gguf.name)
+    return AutoTokenizer.from_pretrained(source.path, **_hub_access(source))
 
 
 GGUF_MAGIC = b"GGUF"  # the first bytes of every GGUF file
@@ -204,19 +352,6 @@ def gguf_metadata(path: Path, *keys: str) -> dict:
     """The values of the metadata ``keys`` present in GGUF file ``path`` (read from its header, not its tensors)."""
     reader = _require_gguf().GGUFReader(path, "r")
     return {key: reader.fields[key].contents() for key in keys if key in reader.fields}
-
-
-def model_label(spec: str) -> str:
-    """A folder-safe name for ``spec`` (``tiny:qwen3`` → ``tiny-qwen3``, ``org/name`` → ``org--name``); for a local
-    checkpoint the model's own name where its files state one (a GGUF's ``general.name``, a config.json's
-    ``_name_or_path`` that is a name, not a path), else the GGUF file's stem or the folder's name."""
-    if Path(spec).exists():
-        gguf = gguf_file(spec)
-        if gguf:
-            name = gguf_metadata(gguf, "general.name").get("general.name")
-            return (_folder_safe(name) if isinstance(name, str) else "") or gguf.stem
-        return _folder_safe(_config_name(Path(spec)) or "") or Path(spec).resolve().name
-    return spec.replace("tiny:", "tiny-").replace("/", "--")
 
 
 def _config_name(folder: Path) -> str | None:
@@ -338,27 +473,10 @@ def bpe_tokenizer():
     return _wrap(Tokenizer.from_str(_bpe_json()))
 
 
-def model_dir(spec: str) -> str:
-    """Where the files of model ``spec`` are, without loading it: the testbed's or a local folder, a hub id as given;
-    ``""`` for the built-in random models."""
-    if spec.startswith(("tiny:", "random:")):
-        return ""
-    return _resolve_path(spec)
-
-
-def max_positions(spec: str) -> int:
-    """The positions model ``spec`` was trained for (its config's ``max_position_embeddings``; a GGUF's
-    ``<arch>.context_length``), read without loading the weights. For a GGUF checkpoint this also checks that
-    transformers can load its architecture (a ValueError otherwise)."""
-    if spec.startswith(("tiny:", "random:")):
-        return _config("llama").max_position_embeddings
-    from transformers import AutoConfig
-
-    gguf = gguf_file(spec)
-    if gguf:
-        with _gguf_errors(gguf):
-            return int(AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name).max_position_embeddings)
-    return int(AutoConfig.from_pretrained(model_dir(spec)).max_position_embeddings)
+def max_positions(spec: str | ModelSource) -> int:
+    """The positions model ``spec`` was trained for (`ModelSource.positions`), for a caller that holds only the
+    spec."""
+    return resolve_model(spec).positions
 
 
 def model_context(config) -> dict:

@@ -7,8 +7,9 @@ scored, so an interrupted cell resumes where it stopped; under ``torchrun`` each
 
 A complete cell proves itself: its ``metrics.json`` records the configuration fingerprint it was computed under and
 the number, ids and SHA-256 of its predictions, and `Cell.verify` checks them against the files before the cell is
-trusted. Predictions of an interrupted cell are resumed only under a readable ``config.json`` of the same
-fingerprint.
+trusted (by the runner before it skips a cell, by the reports before they show one). Predictions of an interrupted
+cell are resumed only under a readable ``config.json`` of the same fingerprint. `finished` lists the cells of a run
+folder that hold a ``metrics.json``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,19 @@ class Cell:
     def __init__(self, root: Path | str, model: str, method: str, task: str, length: int):
         self.model, self.method, self.task, self.length = model, method, task, length
         self.dir = Path(root) / model / method / task / str(length)
+
+    @classmethod
+    def at(cls, root: Path | str, folder: Path | str) -> Cell:
+        """The cell whose folder is ``folder``, ``<root>/<model>/<method>/<task>/<length>``.
+
+        Raises:
+            ValueError: ``folder`` is not four levels below ``root`` or its last level is not a length.
+        """
+        parts = Path(folder).relative_to(root).parts
+        if len(parts) != 4 or not parts[3].isdigit():
+            raise ValueError(f"{folder} is not a cell folder (<model>/<method>/<task>/<length> under {root})")
+        model, method, task, length = parts
+        return cls(root, model, method, task, int(length))
 
     @property
     def metrics_path(self) -> Path:
@@ -120,6 +134,17 @@ class Cell:
         written = {"num_predictions": len(records), "prediction_ids": [r["id"] for r in records],
                    "predictions_sha256": digest(self.predictions_path) if self.predictions_path.exists() else None}
         write_json(self.metrics_path, {**metrics, **written})
+
+
+def finished(root: Path | str) -> list[Cell]:
+    """The cells under ``root`` that hold a ``metrics.json`` (complete or failed; a cell still running holds none),
+    sorted by model, method, task and length.
+
+    Raises:
+        ValueError: a ``metrics.json`` lies in a folder that is not a cell's (`Cell.at`).
+    """
+    cells = [Cell.at(root, path.parent) for path in Path(root).glob("*/*/*/*/metrics.json")]
+    return sorted(cells, key=lambda c: (c.model, c.method, c.task, c.length))
 
 
 def _json_object(path: Path) -> dict[str, Any] | None:

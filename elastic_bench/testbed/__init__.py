@@ -6,3 +6,7 @@ found by the task registry through the ``elastic_bench.tasks`` entry point); the
 ``elastic_bench/data/testbed/``. The tooling that trained it is `elastic_bench.testbed.training`. Importing this
 package imports no torch.
 """
+
+# The streaming geometry the testbed is trained and evaluated with (`elastic-bench demo`, `testbed train`, `testbed
+# eval`, `testbed heads`): sink tokens and local-window tokens.
+STREAMING_SINK, STREAMING_LOCAL = 16, 256

@@ -66,6 +66,16 @@ VERBS = (
     "wanders stops starts"
 ).split()
 
+
+def sentence(rng) -> str:
+    """One haystack sentence as text, "The {noun} is {adjective}." or "The {noun} {verb}." (even odds), drawn from
+    ``rng`` (a `numpy.random.Generator`): the testbed's noise, in words that every English tokenizer spells."""
+    noun = NOUNS[rng.integers(len(NOUNS))]
+    if rng.random() < 0.5:
+        return f"The {noun} is {ADJECTIVES[rng.integers(len(ADJECTIVES))]}."
+    return f"The {noun} {VERBS[rng.integers(len(VERBS))]}."
+
+
 # ---- pseudo-word keys of 2-3 syllables ----------------------------------------------------------------------------
 
 CONSONANTS = "bdfgklmnprstvz"

@@ -17,10 +17,10 @@ learning-rate schedule, the loss of each micro-batch, the log record) and calls 
   else (step, trained seconds, the configuration fingerprint, the optimizer's param groups and scalar state) as JSON
   in the same file's header, so one atomic rename commits a checkpoint, and in ``train_state.json`` next to it for
   reading.
-- Resume: the run's fingerprint (its configuration minus the fields that do not change what is learned) must equal
-  the saved one, else one ValueError names the differing fields. A folder holding a state file of an earlier
-  elastic-bench (``train_state.pt``, ``checkpoint.pt``: `torch.save` files, which can run code when loaded) is refused
-  without opening it.
+- How a run executes (`RunOptions`: its folder, checkpoint interval, time limit, progress bar, data workers) is apart
+  from what it learns (the trainer's configuration), so a resumed run may change it.
+- Resume: the run's fingerprint (its configuration minus `RESUMABLE`, the fields that do not change what is learned)
+  must equal the saved one, else one ValueError names the differing fields.
 - Log: one JSON line per record in ``train_log.jsonl`` (rank 0); on resume the lines after the resumed step (written
   after the last checkpoint by an interrupted run) are cut.
 
@@ -59,14 +59,16 @@ import torch
 from torch import nn
 
 from elastic_bench.foundation.files import append_jsonl, atomic_path, read_jsonl, write_json, write_jsonl
+from elastic_bench.foundation.options import check_folder_output
 from elastic_bench.training.distributed import Ranks
 
 STATE_TENSORS = "train_state.safetensors"
 STATE_JSON = "train_state.json"
 LOG_FILE = "train_log.jsonl"
-# `torch.save` resume states of earlier elastic-bench versions (router trainer, testbed trainer): refused, never loaded.
-LEGACY_STATE_FILES = ("train_state.pt", "checkpoint.pt")
 STATE_FORMAT = 1
+# Fields of a trainer's configuration that do not change what is learned: the fingerprint leaves them out, so a resumed
+# run may change them.
+RESUMABLE = ("device", "backend", "gradient_checkpointing", "eval_samples")
 LOSS_CHUNK = 2048
 
 LossTokens = Literal["all", "answer"]
@@ -77,31 +79,34 @@ LossTokens = Literal["all", "answer"]
 
 @dataclass
 class RunOptions:
-    """How a training run executes; none of it changes what is learned, so a resumed run may change any of it.
+    """How a training run executes: what the ``train-*`` commands run with and what a trainer passes to `fit`. None of
+    it changes what is learned (it is no part of a trainer's configuration nor of its fingerprint), so a resumed run
+    may change any of it.
 
     Attributes:
         output: folder of the training state (``train_state.safetensors``, ``train_state.json``), the log
             (``train_log.jsonl``) and what the trainer exports; a run in a folder holding a state resumes from it.
         save_every: steps between checkpoints (one is also written at the last step and on the time limit).
-        max_minutes: stop after this many minutes of training in this process, after writing a checkpoint; running
-            the same command again resumes (None: no limit).
-        progress: show a progress bar on stderr (rank 0 only).
-        workers: data-loader worker processes that build the batches ahead of the loop (0: in the training process).
+        max_minutes: stop after this many minutes of training, after a checkpoint; the same command resumes.
+        progress: show a progress bar.
+        workers: data-loader worker processes that build the batches ahead of the loop (0: in the training process;
+            None: the trainer's choice, else 0).
     """
 
-    output: str = "runs/train"
+    output: str
     save_every: int = 50
     max_minutes: float | None = None
     progress: bool = True
-    workers: int = 0
+    workers: int | None = None
 
     def __post_init__(self):
         if self.save_every < 1:
             raise ValueError(f"save_every must be >= 1, got {self.save_every}")
         if self.max_minutes is not None and self.max_minutes <= 0:
             raise ValueError(f"max_minutes must be > 0, got {self.max_minutes}")
-        if self.workers < 0:
+        if self.workers is not None and self.workers < 0:
             raise ValueError(f"workers must be >= 0, got {self.workers}")
+        check_folder_output(self.output)
 
 
 class Objective:
@@ -196,20 +201,19 @@ def fit(
 
     Args:
         objective: the trainer's part.
-        options: where to write, how often to save, the time limit.
+        options: where to write, how often to save, the time limit, the progress bar, the data workers.
         steps: the run's number of optimizer steps.
         fingerprint: what defines the run (`fingerprint`); a saved state must have the same one.
         ranks: this process among the ``torchrun`` processes (one process by default).
         desc: the progress bar's label.
 
     Raises:
-        ValueError: ``options.output`` holds a state of another configuration or of an earlier elastic-bench.
+        ValueError: ``options.output`` holds a state of another configuration.
     """
     from tqdm.auto import tqdm
 
     ranks = ranks or Ranks()
     output = Path(options.output)
-    refuse_legacy_state(output)
     start, seconds = 0, 0.0
     state = read_state(output)
     if state is not None:
@@ -223,7 +227,7 @@ def fit(
     if ranks.is_main:
         write_jsonl(output / LOG_FILE, log)
     loader = torch.utils.data.DataLoader(
-        objective.batches, batch_size=None, sampler=range(start, steps), num_workers=options.workers,
+        objective.batches, batch_size=None, sampler=range(start, steps), num_workers=options.workers or 0,
         collate_fn=_as_is, prefetch_factor=4 if options.workers else None,
     )
     bar = tqdm(total=steps, initial=start, desc=desc, disable=not (options.progress and ranks.is_main),
@@ -290,10 +294,10 @@ def _time_is_up(began: float, max_minutes: float | None, ranks: Ranks) -> bool:
 # ---- training state ------------------------------------------------------------------------------------------------
 
 
-def fingerprint(config: dict[str, Any], exclude: Sequence[str] = ()) -> dict[str, Any]:
-    """The configuration fields that define a run (all but ``exclude``: fields that do not change what is learned),
-    JSON-normalised (tuples as lists), as saved in the training state."""
-    return json.loads(json.dumps({k: v for k, v in config.items() if k not in exclude}))
+def fingerprint(config: dict[str, Any]) -> dict[str, Any]:
+    """The configuration fields that define a run (all but `RESUMABLE`), JSON-normalised (tuples as lists), as saved
+    in the training state."""
+    return json.loads(json.dumps({k: v for k, v in config.items() if k not in RESUMABLE}))
 
 
 def check_fingerprint(output: Path, saved: dict[str, Any], current: dict[str, Any]) -> None:
@@ -303,14 +307,6 @@ def check_fingerprint(output: Path, saved: dict[str, Any], current: dict[str, An
     changed = sorted(k for k in saved.keys() | current.keys() if saved.get(k) != current.get(k))
     raise ValueError(f"{output} holds a training run with a different configuration ({', '.join(changed)}); use "
                      "another --output or delete it")
-
-
-def refuse_legacy_state(output: Path) -> None:
-    """Raise a ValueError if ``output`` holds a `torch.save` resume state of an earlier elastic-bench (never opened)."""
-    for name in LEGACY_STATE_FILES:
-        if (Path(output) / name).exists():
-            raise ValueError(f"{Path(output) / name} was written by an older elastic-bench; delete it or use another "
-                             "--output")
 
 
 def save_state(output: Path, step: int, seconds: float, fingerprint: dict[str, Any], modules: dict[str, nn.Module],

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..triton_available import triton_available
 from . import fused
 from .naive import naive_append_token, naive_decode_attention
 
@@ -142,9 +143,9 @@ def resolve_decode_backend(backend: str, device: torch.device) -> str:
     kernels."""
     if backend == "reference":
         return "reference"
-    if backend == "triton" and not fused.available(device):
+    if backend == "triton" and not triton_available(device):
         raise RuntimeError(f"the Triton decode kernel is not available on {device}")
-    if backend == "triton" or (device.type == "cuda" and fused.available(device)):
+    if backend == "triton" or (device.type == "cuda" and triton_available(device)):
         return "triton"
     return "reference"
 

@@ -12,8 +12,6 @@ imported by `_kernels`.
 from __future__ import annotations
 
 import functools
-import importlib.util
-import os
 
 import torch
 
@@ -21,15 +19,6 @@ BLOCK_N = 64
 PROGRAMS_PER_SM = 4  # target splits · rows per streaming multiprocessor
 MAX_SPLITS = 512  # splits per row at most: `combine` holds a head's splits × ``COMBINE_DIMS`` in registers
 COMBINE_DIMS = 32  # head dimensions merged per program of `combine`
-
-
-def available(device: torch.device) -> bool:
-    """Triton on a CUDA device, or on the CPU under ``TRITON_INTERPRET=1``."""
-    if importlib.util.find_spec("triton") is None:
-        return False
-    if device.type == "cuda":
-        return torch.cuda.is_available()
-    return device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @functools.cache

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..plan import HeadPlan
+from ..triton_available import triton_available
 from .chunked import chunked_hybrid_attention
 from .naive import naive_hybrid_attention
 
@@ -139,12 +140,15 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: HeadPlan) ->
 
 register_backend("reference", naive_hybrid_attention, available=lambda device: True, priority=0, native_chunks=True)
 
-from . import external, flex, fused  # noqa: E402  (they import the plan and `chunked` only; registered below)
+from . import external, flex, fused, masked  # noqa: E402  (they import the plan, `masks` and `chunked` only)
+
+# The CPU path, what `auto` takes there: for any plan at most the work of dense attention (see `masked`).
+register_backend("masked", masked.masked_hybrid_attention, available=lambda device: device.type == "cpu", priority=1)
 
 # GPU backends, fastest first (priorities from the H200 measurements in docs/benchmarks.md, "Kernels").
-register_backend("split", fused.split_hybrid_attention, available=fused.available, priority=30,
+register_backend("split", fused.split_hybrid_attention, available=triton_available, priority=30,
                  prefer=fused.split_pays_off)
-register_backend("triton", fused.triton_hybrid_attention, available=fused.available, priority=20)
+register_backend("triton", fused.triton_hybrid_attention, available=triton_available, priority=20)
 register_backend("flex", flex.flex_hybrid_attention, available=flex.available, priority=10)
 register_backend("block_sparse_attn", external.block_sparse_attn, available=external.block_sparse_attn_available,
                  priority=5)

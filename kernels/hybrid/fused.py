@@ -20,8 +20,6 @@ Design decisions:
 from __future__ import annotations
 
 import functools
-import importlib.util
-import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -67,25 +65,6 @@ CONFIGS: dict[int, TileConfig] = {
 STREAMING_CONFIGS: dict[int, TileConfig] = {
     128: TileConfig(64, 64, 4, 3, True),
 }
-
-
-def interpreting() -> bool:
-    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-@functools.cache
-def _triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
-
-
-def available(device: torch.device) -> bool:
-    """Triton on a CUDA device, or on the CPU under ``TRITON_INTERPRET=1``."""
-    if not _triton_installed():
-        return False
-    if device.type == "cuda":
-        return torch.cuda.is_available()
-    return device.type == "cpu" and interpreting()
 
 
 def _pow2(n: int) -> int:

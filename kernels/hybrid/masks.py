@@ -1,8 +1,9 @@
 """Token-level mask predicates, one per HeadPlan mode (the `mask_mod` twins of attention-gym).
 
 Each factory returns ``mask(q_pos, kv_pos) -> bool`` over broadcastable integer tensors of *absolute* positions
-(``q_pos = Lk - Lq + i``). True means the pair is computed. The reference kernel evaluates these directly; the
-FlexAttention backend wraps them into ``mask_mod(b, h, q_idx, kv_idx)``; tests compare every kernel against them.
+(``q_pos = Lk - Lq + i``). True means the pair is computed. The reference kernel evaluates these directly, the masked
+backend inside the key blocks it gathers; the FlexAttention backend wraps them into ``mask_mod(b, h, q_idx, kv_idx)``;
+tests compare every kernel against them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Plain-PyTorch hybrid attention: the ground truth for every other backend (and the CPU path).
+"""Plain-PyTorch hybrid attention: the ground truth for every other backend (``backend="reference"``).
 
 One KV head (with its G query heads) at a time, in fp32. A FULL head of a one-shot prefill is causal
 ``scaled_dot_product_attention``; every other head (a chunked-prefill STREAMING head included: the predicate is the

@@ -44,8 +44,8 @@ from __future__ import annotations
 
 import torch
 
-from ..hybrid.fused import available as triton_available
 from ..plan import BlockSelection
+from ..triton_available import triton_available
 from .naive import (
     RULES,
     Rule,

@@ -1,9 +1,9 @@
 """What the two gate trainers share: the configuration fields, loading the frozen model, the gate files, the run.
 
 A trainer subclasses `GateTrainConfig` (its own hyper-parameters and defaults) and `GateObjective` (its loss), and
-calls `run_gate_training`, which locks the output folder, loads and freezes the model, builds the passkey data,
-runs the training engine (`elastic_bench.training.engine.fit`) under `GatedHeads` attention and exports at every
-checkpoint:
+calls `run_gate_training` with the engine's `RunOptions`, which locks the output folder, loads and freezes the model,
+builds the passkey data, runs the training engine (`elastic_bench.training.engine.fit`) under `GatedHeads` attention
+and exports at every checkpoint:
 ``full_attention_heads.tsv`` (rows = layers, columns = KV heads: what ``duo_attention pattern=DIR`` and ``prulong
 pattern=DIR`` read) and ``config.json`` (the run's settings, steps done, the data's sources, provenance).
 """
@@ -35,17 +35,14 @@ from ..gates import GATES_FILE
 from .passkeys import PasskeyData, PasskeySamples
 
 SETTINGS_FILE = "config.json"
-# Fields that do not change what is learned; a resumed run may differ in them.
-RESUMABLE = ("output", "save_every", "device", "backend", "gradient_checkpointing")
 
 
 @dataclass
 class GateTrainConfig:
-    """Fields every gate trainer has.
+    """Fields every gate trainer has (what is learned; how a run executes is `RunOptions`).
 
     Attributes:
         model: the frozen model (``tiny:llama``, ``testbed``, ``random:llama-3.1-8b``, a path or hub id).
-        output: output folder (gates, settings, log, training state); a rerun with the same one resumes.
         data: the passkey-retrieval training data.
         steps: optimizer steps.
         batch_size: samples per optimizer step, over all ranks (a multiple of the number of ranks).
@@ -57,11 +54,9 @@ class GateTrainConfig:
         device: where the model runs; None: CUDA when available (one GPU per rank under ``torchrun``).
         dtype: the model's dtype (``bfloat16``, ``float16``, ``float32``); None: bf16 on CUDA, fp32 on CPU.
         seed: the sample stream and the trainer's noise.
-        save_every: steps between checkpoints (and exports).
     """
 
     model: str = "tiny:llama"
-    output: str = "runs/gates"
     data: PasskeyData = field(default_factory=PasskeyData)
     steps: int = 2000
     batch_size: int = 1
@@ -73,7 +68,6 @@ class GateTrainConfig:
     device: str | None = None
     dtype: Literal["bfloat16", "float16", "float32"] | None = None
     seed: int = 0
-    save_every: int = 50
 
     def __post_init__(self):
         if isinstance(self.data, dict):
@@ -84,7 +78,6 @@ class GateTrainConfig:
             "sink must be >= 0": self.sink >= 0,
             "local must be >= 1": self.local >= 1,
             "seed must be >= 0": self.seed >= 0,
-            "save_every must be >= 1": self.save_every >= 1,
         }
         failed = [message for message, ok in checks.items() if not ok]
         if failed:
@@ -95,7 +88,8 @@ class GateTrainConfig:
 
 
 class GateObjective(Objective):
-    """A gate trainer's objective; `run_gate_training` builds it with ``(config, model, samples, device, ranks)``.
+    """A gate trainer's objective; `run_gate_training` builds it with ``(config, output, model, samples, device,
+    ranks)``, ``output`` the run's folder.
 
     Besides `Objective`'s attributes it has ``gates()``, the ``[L, H]`` values exported as ``full_attention_heads.tsv``,
     and ``settings()``, what ``config.json`` records beyond the configuration.
@@ -106,9 +100,10 @@ class GateObjective(Objective):
     gate_format: str = "%.18e"  # numpy.savetxt format of the exported gates (upstream DuoAttention's)
     loading_seconds: float | None = None  # set by `run_gate_training`: loading the model and the data
 
-    def __init__(self, config: GateTrainConfig, model: nn.Module, samples: PasskeySamples, device: torch.device,
-                 ranks: Ranks):
-        self.config, self.model, self.samples, self.device, self.ranks = config, model, samples, device, ranks
+    def __init__(self, config: GateTrainConfig, output: str, model: nn.Module, samples: PasskeySamples,
+                 device: torch.device, ranks: Ranks):
+        self.config, self.output, self.model, self.samples = config, output, model, samples
+        self.device, self.ranks = device, ranks
 
     def gates(self) -> np.ndarray:
         raise NotImplementedError
@@ -131,7 +126,7 @@ def export(objective: GateObjective, step: int) -> None:
     """Write the gates (``full_attention_heads.tsv``) and ``config.json`` into the output folder."""
     from elastic_bench.results.provenance import provenance
 
-    output = Path(objective.config.output)
+    output = Path(objective.output)
     write_table(output / GATES_FILE, objective.gates(), objective.gate_format)
     write_json(output / SETTINGS_FILE, {
         **objective.config.to_dict(), "steps_done": step, **objective.samples.settings(), **objective.settings(),
@@ -151,22 +146,21 @@ def load_frozen(config: GateTrainConfig, device: torch.device) -> tuple[nn.Modul
     return model, tokenizer
 
 
-def run_gate_training(config: GateTrainConfig, objective_class: type[GateObjective], progress: bool = True,
-                      max_minutes: float | None = None) -> tuple[GateObjective, RunResult]:
-    """Train (or resume) gates as configured into ``config.output``; returns the objective and the engine's result.
+def run_gate_training(config: GateTrainConfig, objective_class: type[GateObjective],
+                      options: RunOptions) -> tuple[GateObjective, RunResult]:
+    """Train (or resume) gates as configured into ``options.output``; returns the objective and the engine's result.
 
     Args:
-        config: the run.
+        config: what is learned.
         objective_class: the trainer's objective.
-        progress: show a progress bar (rank 0).
-        max_minutes: stop after this many minutes of training, after a checkpoint; the same call resumes.
+        options: how the run executes (folder, checkpoint interval, time limit, progress bar on rank 0).
     """
     ranks = Ranks.from_env(config.device)
-    with exclusive(config.output, f"elastic-bench {objective_class.command}", enabled=ranks.is_main):
-        return _run(config, objective_class, progress, max_minutes, ranks)
+    with exclusive(options.output, f"elastic-bench {objective_class.command}", enabled=ranks.is_main):
+        return _run(config, objective_class, options, ranks)
 
 
-def _run(config, objective_class, progress, max_minutes, ranks):
+def _run(config, objective_class, options, ranks):
     from elastic_bench.modeling.attention import apply, attention_modules
     from elastic_bench.modeling.loading import check_device
     from elastic_bench.training.engine import shard, training_backend
@@ -184,16 +178,14 @@ def _run(config, objective_class, progress, max_minutes, ranks):
     if layers != list(range(len(layers))):
         raise ValueError(f"{objective_class.command} needs attention layers numbered 0…L-1, got {layers}")
     samples = PasskeySamples(config.data, tokenizer, config.seed, config.batch_size, ranks.rank, ranks.world_size)
-    objective = objective_class(config, model, samples, device, ranks)
+    objective = objective_class(config, options.output, model, samples, device, ranks)
     if ranks.world_size > 1:
         shard(objective.root, model, device)
-    options = RunOptions(output=config.output, save_every=config.save_every, max_minutes=max_minutes,
-                         progress=progress)
     method = GatedHeads(config.sink, config.local, config.granularity, objective_class.two_way)
     objective.loading_seconds = time.perf_counter() - began
     with apply(method, model, backend=backend) as handle:
         objective.handle = handle
-        run = fit(objective, options, config.steps, fingerprint(config.to_dict(), RESUMABLE), ranks,
+        run = fit(objective, options, config.steps, fingerprint(config.to_dict()), ranks,
                   desc=objective_class.command)
     ranks.barrier()
     return objective, run

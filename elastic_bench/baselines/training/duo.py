@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from elastic_bench.training.engine import all_reduce_sum, autocast
+from elastic_bench.training.engine import RunOptions, all_reduce_sum, autocast
 
 from .base import GateObjective, GateTrainConfig, run_gate_training
 from .mixing import GateRoute
@@ -45,7 +45,6 @@ class DuoTrainConfig(GateTrainConfig):
         initial_value: every gate's value at step 0.
     """
 
-    output: str = "runs/duo"
     lr: float = 0.02
     reg_weight: float = 0.05
     initial_value: float = 1.0
@@ -96,8 +95,8 @@ class DuoObjective(GateObjective):
     command = "train-duo"
     two_way = True
 
-    def __init__(self, config: DuoTrainConfig, model, samples, device, ranks):
-        super().__init__(config, model, samples, device, ranks)
+    def __init__(self, config: DuoTrainConfig, output: str, model, samples, device, ranks):
+        super().__init__(config, output, model, samples, device, ranks)
         from elastic_bench.modeling.attention import attention_modules
 
         layers = len(attention_modules(model))
@@ -157,12 +156,11 @@ class DuoObjective(GateObjective):
         return self.gate_module.alpha.detach().clamp(0.0, 1.0).double().cpu().numpy()
 
 
-def train_duo(config: DuoTrainConfig, progress: bool = True, max_minutes: float | None = None):
-    """Train DuoAttention gates as configured (resuming from ``config.output`` when it holds the same run).
+def train_duo(config: DuoTrainConfig, options: RunOptions):
+    """Train DuoAttention gates as configured into ``options.output`` (resuming when it holds the same run).
 
     Returns:
         ``(gates [L, H] as numpy, the engine's RunResult)``.
     """
-    objective, run = run_gate_training(config, DuoObjective, progress=progress,
-                                       max_minutes=max_minutes)
+    objective, run = run_gate_training(config, DuoObjective, options)
     return objective.gates(), run

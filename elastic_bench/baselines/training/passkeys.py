@@ -280,21 +280,16 @@ def haystack_tokens(source: str, tokenizer, max_length: int, seed: int) -> list[
 
 
 def generated_haystack(chars: int, seed: int) -> str:
-    """About ``chars`` characters of seeded noise sentences, "The {noun} is {adjective}." and "The {noun} {verb}."
-    (the testbed's haystack words, which every English tokenizer spells)."""
+    """About ``chars`` characters of seeded noise sentences (`elastic_bench.testbed.text.sentence`: the testbed's
+    haystack words, which every English tokenizer spells)."""
     from elastic_bench.testbed import text
 
     rng = np.random.default_rng([seed, 1])
     sentences: list[str] = []
     size = 0
     while size < chars:
-        noun = text.NOUNS[rng.integers(len(text.NOUNS))]
-        if rng.random() < 0.5:
-            sentence = f"The {noun} is {text.ADJECTIVES[rng.integers(len(text.ADJECTIVES))]}."
-        else:
-            sentence = f"The {noun} {text.VERBS[rng.integers(len(text.VERBS))]}."
-        sentences.append(sentence)
-        size += len(sentence) + 1
+        sentences.append(text.sentence(rng))
+        size += len(sentences[-1]) + 1
     return " ".join(sentences)
 
 

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from elastic_bench.foundation.files import write_table
-from elastic_bench.training.engine import TokenizedExample, all_reduce_sum, autocast, pack, row_inputs
+from elastic_bench.training.engine import RunOptions, TokenizedExample, all_reduce_sum, autocast, pack, row_inputs
 
 from .base import GateObjective, GateTrainConfig, run_gate_training
 from .mixing import GateRoute
@@ -66,7 +66,6 @@ class PruLongTrainConfig(GateTrainConfig):
         loss_tokens: the LM loss on ``all`` next tokens of a sample or on the ``answer`` (QA) tokens.
     """
 
-    output: str = "runs/prulong"
     steps: int = 1000
     batch_size: int = 16
     local: int = 1024
@@ -146,8 +145,8 @@ class PruLongObjective(GateObjective):
     command = "train-prulong"
     gate_format = "%d"
 
-    def __init__(self, config: PruLongTrainConfig, model, samples, device, ranks):
-        super().__init__(config, model, samples, device, ranks)
+    def __init__(self, config: PruLongTrainConfig, output: str, model, samples, device, ranks):
+        super().__init__(config, output, model, samples, device, ranks)
         from elastic_bench.modeling.attention import attention_modules
         from elastic_bench.training.engine import LossModel
 
@@ -230,7 +229,7 @@ class PruLongObjective(GateObjective):
 
     def save(self, step: int) -> None:
         super().save(step)
-        write_table(Path(self.config.output) / LOG_ALPHA_FILE, self.masks.log_alpha.detach().double().cpu().numpy())
+        write_table(Path(self.output) / LOG_ALPHA_FILE, self.masks.log_alpha.detach().double().cpu().numpy())
 
 
 def lr_factor(step: int, config: PruLongTrainConfig) -> float:
@@ -244,12 +243,11 @@ def lr_factor(step: int, config: PruLongTrainConfig) -> float:
     return config.min_lr_ratio + cosine * (1 - config.min_lr_ratio)
 
 
-def train_prulong(config: PruLongTrainConfig, progress: bool = True, max_minutes: float | None = None):
-    """Train PruLong masks as configured (resuming from ``config.output`` when it holds the same run).
+def train_prulong(config: PruLongTrainConfig, options: RunOptions):
+    """Train PruLong masks as configured into ``options.output`` (resuming when it holds the same run).
 
     Returns:
         ``(0/1 masks [L, H] as numpy, the engine's RunResult)``.
     """
-    objective, run = run_gate_training(config, PruLongObjective, progress=progress,
-                                       max_minutes=max_minutes)
+    objective, run = run_gate_training(config, PruLongObjective, options)
     return objective.gates(), run

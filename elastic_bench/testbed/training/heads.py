@@ -22,6 +22,7 @@ from elastic_bench.kernels import HeadPlan, Mode, StreamingGeometry
 from elastic_bench.modeling.attention import apply, attention_implementation
 from elastic_bench.modeling.interface import AttentionCall, Method
 
+from .. import STREAMING_LOCAL, STREAMING_SINK
 from ..generators import SPECS, Generator, sample_rng
 from ..vocab import Vocab
 from .evaluate import exact_match
@@ -33,8 +34,8 @@ class OneHeadStreaming(Method):
 
     layer: int = 0
     head: int = 0
-    sink: int = 16
-    local: int = 256
+    sink: int = STREAMING_SINK
+    local: int = STREAMING_LOCAL
 
     def prefill_plan(self, call: AttentionCall) -> HeadPlan:
         modes = torch.full((call.batch_size, call.num_kv_heads), int(Mode.FULL), dtype=torch.uint8)
@@ -46,8 +47,9 @@ class OneHeadStreaming(Method):
 def ablation_gates(model, vocab: Vocab, length: int = 2048, samples: int = 20,
                    tasks: tuple[str, ...] = ("niah_single", "niah_multikey"), progress: bool = True) -> np.ndarray:
     """``[layers, KV heads]`` gates in [0, 1]: the largest relative drop of exact match at ``length`` tokens over
-    ``tasks`` (`generators.SPECS` names; by default the sensitive family) when that head alone streams (sink 16,
-    window 256). Tasks the model fails with full attention are left out.
+    ``tasks`` (`generators.SPECS` names; by default the sensitive family) when that head alone streams with the
+    testbed's sink + window (`elastic_bench.testbed.STREAMING_SINK`, `STREAMING_LOCAL`). Tasks the model fails with
+    full attention are left out.
 
     Raises:
         ValueError: the model solves none of ``tasks`` with full attention.

@@ -6,24 +6,24 @@ Design decisions (the recipe, its measurements and the runs behind them: docs/te
   time.
 - Data: the task generators (`elastic_bench.testbed.generators`), mixed per sample; every sequence is filled to the
   step's length exactly, so batches need no padding. The loss weighs answer tokens 1, question/prefix tokens 0.1 and
-  the text `TrainConfig.context_weight` (0 by default), and the LM head runs on the weighted positions only.
+  the text `TestbedTrainConfig.context_weight` (0 by default), and the LM head runs on the weighted positions only.
   ``niah_multikey`` sequences also query their three distractors after the answer (more answer tokens per sequence;
   evaluation prompts never have them).
-- Context curriculum: 256 → 512 → 1K → 2K → 4K, each for `TrainConfig.stage_fraction` of the steps, then 1K/2K/4K mixed
-  (4K half the time). Tokens per step are constant, so a step costs about the same at every length.
-- Some steps (`TrainConfig.streaming_fraction`, once sequences exceed the window) train every task the way the
-  harness runs a prefill method: the prompt under the sink-16 + window-256 streaming mask, the answer densely. The
-  robust answers then do not depend on the middle of the context, which is what the robust family stands for, and a
-  needle answer opens with a value even when the needle is out of sight (no template words first, from which the
-  dense decode steps could still find it).
+- Context curriculum: 256 → 512 → 1K → 2K → 4K, each for `TestbedTrainConfig.stage_fraction` of the steps, then
+  1K/2K/4K mixed (4K half the time). Tokens per step are constant, so a step costs about the same at every length.
+- Some steps (`TestbedTrainConfig.streaming_fraction`, once sequences exceed the window) train every task the way the
+  harness runs a prefill method: the prompt under the testbed's sink + window streaming mask
+  (`elastic_bench.testbed.STREAMING_SINK`, `STREAMING_LOCAL`), the answer densely. The robust answers then do not
+  depend on the middle of the context, which is what the robust family stands for, and a needle answer opens with a
+  value even when the needle is out of sight (no template words first, from which the dense decode steps could still
+  find it).
 - The log follows key matching, the skill that decides the needle tasks and forms late and rarely (docs/testbed.md): at
   every checkpoint, the selectivity of the best key-matching head (`heads.key_matching`, 8 prompts).
 - Deterministic from the seed: the weights' initialisation, the batch of step ``s`` (a function of ``(seed, s)``
   alone, whatever the number of data workers) and, through `deterministic_algorithms`, the kernels. AdamW with fp32
   master weights under bf16 autocast on the GPU; warm-up then cosine decay to 10%.
-- The loop, checkpoints (every `TrainConfig.checkpoint_every` steps, at the end and on a time limit; a rerun with the
-  same output folder resumes), the training state and the log are the training engine's
-  (`elastic_bench.training.engine`);
+- The loop, checkpoints (every `RunOptions.save_every` steps, at the end and on a time limit; a rerun with the same
+  output folder resumes), the training state and the log are the training engine's (`elastic_bench.training.engine`);
   `TestbedObjective` is this trainer's part of it.
 """
 
@@ -50,28 +50,27 @@ from elastic_bench.training.engine import (
     deterministic_algorithms,
     fingerprint,
     fit,
-    refuse_legacy_state,
 )
 
+from .. import STREAMING_LOCAL, STREAMING_SINK
 from ..generators import SPECS, Generator
 from ..vocab import Vocab, build
 from .evaluate import exact_match, family_means, hidden_states, window_mask
 from .heads import best_head, key_matching
 
 RECORD = "TRAINING.json"
-# Fields that do not change what is learned; a resumed run may differ in them.
-_RESUMABLE = ("checkpoint_every", "eval_samples")
-# (layer, query head) of the heads `TrainConfig.attention_aux_weight` supervises (writer and matcher where the shipped
-# model has them, docs/testbed.md) and the batch keys of their query positions and target positions (None: two tokens
-# back).
+# (layer, query head) of the heads `TestbedTrainConfig.attention_aux_weight` supervises (writer and matcher where the
+# shipped model has them, docs/testbed.md) and the batch keys of their query positions and target positions (None: two
+# tokens back).
 ATTENTION_AUX_HEADS = {"writer": ((1, 1), ("needle_values", None)), "matcher": ((3, 1), ("asked", "asked_needles")),
                        "reader": ((5, 1), ("copies", "copy_sources"))}
 
 
 @dataclass
-class TrainConfig:
-    """Everything that determines the trained weights (and the evaluation run at the end). The defaults are the shipped
-    checkpoint's first-stage recipe (docs/testbed.md, "How it was trained").
+class TestbedTrainConfig:
+    """Everything that determines the trained weights (and the evaluation run at the end), and the device; how a run
+    executes is `RunOptions`. The defaults are the shipped checkpoint's first-stage recipe (docs/testbed.md, "How it
+    was trained").
 
     Attributes:
         seed: initialisation and data seed.
@@ -130,12 +129,13 @@ class TrainConfig:
         min_lr_ratio: learning rate at the end of the cosine decay, as a fraction of ``lr``.
         weight_decay: AdamW weight decay of the matrices (vectors and biases have none).
         grad_clip: clip of the model's total gradient norm (the auxiliary head is not clipped).
-        checkpoint_every: steps between checkpoints (and between key-matching probes in the log); does not change
-            what is learned, so a resumed run may change it.
         eval_samples: samples per task and length of the final evaluation (0: none); a resumed run may change it.
         init_from: start from the weights of an exported testbed model (a folder with ``model.safetensors``)
             instead of a seeded initialisation: a second training stage with another mixture.
+        device: cuda or cpu (none: cuda when available).
     """
+
+    __test__ = False  # not a pytest class
 
     seed: int = 1
     steps: int = 7500
@@ -158,7 +158,7 @@ class TrainConfig:
     streaming_fraction: float = 0.2
     streaming_tasks: str = "all"
     dense_decode: bool = True
-    streaming: tuple[int, int] = (16, 256)
+    streaming: tuple[int, int] = (STREAMING_SINK, STREAMING_LOCAL)
     rope_theta: float = 10000.0
     deterministic: bool = True
     lr: float = 1.5e-3
@@ -166,9 +166,9 @@ class TrainConfig:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    checkpoint_every: int = 500
     eval_samples: int = 100
     init_from: str | None = None
+    device: str | None = None
 
     def __post_init__(self):
         if self.seed < 0:
@@ -252,7 +252,7 @@ class Batches(torch.utils.data.Dataset):
     [Q]`` (that token's flat index).
     """
 
-    def __init__(self, config: TrainConfig, vocab: Vocab):
+    def __init__(self, config: TestbedTrainConfig, vocab: Vocab):
         self.config, self.vocab, self.generator = config, vocab, Generator(vocab)
         self.mixture = _mixture(config.task_weights)
         self.curriculum_mixture = _mixture(config.curriculum_task_weights or config.task_weights)
@@ -396,7 +396,7 @@ def attention_aux_loss(attention: torch.nn.Module, hidden: torch.Tensor, rotary:
     return F.cross_entropy(scores.masked_fill(future, float("-inf")), targets % length)
 
 
-def learning_rate(config: TrainConfig, step: int) -> float:
+def learning_rate(config: TestbedTrainConfig, step: int) -> float:
     """Linear warm-up over `warmup_fraction` of the steps, then cosine decay to ``min_lr_ratio × lr``."""
     warmup = max(1, round(config.warmup_fraction * config.steps))
     if step < warmup:
@@ -405,7 +405,8 @@ def learning_rate(config: TrainConfig, step: int) -> float:
     return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def _optimizer(modules: list[torch.nn.Module], config: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+def _optimizer(modules: list[torch.nn.Module], config: TestbedTrainConfig,
+               device: torch.device) -> torch.optim.Optimizer:
     params = [p for module in modules for p in module.parameters()]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
@@ -413,24 +414,16 @@ def _optimizer(modules: list[torch.nn.Module], config: TrainConfig, device: torc
     return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95), fused=device.type == "cuda")
 
 
-def train(
-    config: TrainConfig,
-    output: str | Path,
-    device: str | None = None,
-    max_minutes: float | None = None,
-    command: str | None = None,
-    progress: bool = True,
-) -> dict[str, Any]:
-    """Train (or resume) the testbed model into ``output``; export it and evaluate it when training ends.
+def train(config: TestbedTrainConfig, options: RunOptions, command: str | None = None) -> dict[str, Any]:
+    """Train (or resume) the testbed model into ``options.output``; export it and evaluate it when training ends.
 
     Args:
-        config: what to train.
-        output: folder for the training state, the log and the exported model (``config.json``,
-            ``model.safetensors`` in bf16, tokenizer files, ``TRAINING.json``).
-        device: ``"cuda"``/``"cpu"``; CUDA when available.
-        max_minutes: stop after this many minutes of training (a checkpoint is written; rerun to resume).
+        config: what to train, and on which device.
+        options: how the run executes: the folder of the training state, the log and the exported model
+            (``config.json``, ``model.safetensors`` in bf16, tokenizer files, ``TRAINING.json``), the steps between
+            checkpoints (and key-matching probes in the log), the time limit (a checkpoint is written; rerun to
+            resume), the progress bar, the data workers (None: 8 at most on CUDA, none on the CPU).
         command: the command line recorded in ``TRAINING.json``.
-        progress: show a progress bar.
 
     Returns:
         The ``TRAINING.json`` record (``complete`` says whether all steps ran).
@@ -440,9 +433,10 @@ def train(
     Raises:
         NotImplementedError: ``config.deterministic`` and an operation has no deterministic kernel on the device.
     """
-    with exclusive(output, command or "elastic-bench testbed train"), deterministic_algorithms(config.deterministic):
+    with exclusive(options.output, command or "elastic-bench testbed train"), \
+            deterministic_algorithms(config.deterministic):
         try:
-            return _train(config, Path(output), device, max_minutes, command, progress)
+            return _train(config, options, command)
         except RuntimeError as error:
             if config.deterministic and "deterministic" in str(error):
                 raise NotImplementedError(
@@ -452,12 +446,10 @@ def train(
             raise
 
 
-def _train(config: TrainConfig, output: Path, device: str | None, max_minutes: float | None, command: str | None,
-           progress: bool) -> dict[str, Any]:
+def _train(config: TestbedTrainConfig, options: RunOptions, command: str | None) -> dict[str, Any]:
     from transformers import LlamaForCausalLM
 
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    refuse_legacy_state(output)
+    device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     vocab = build()
     torch.manual_seed(config.seed)
     model = LlamaForCausalLM(model_config(vocab, config.max_length, config.rope_theta))
@@ -473,14 +465,12 @@ def _train(config: TrainConfig, output: Path, device: str | None, max_minutes: f
     aux = torch.nn.Linear(model.config.hidden_size, len(vocab)) if auxiliary else None
     for module in [model] + ([aux] if aux is not None else []):
         module.to(device)
-    objective = TestbedObjective(config, vocab, model, aux, device)
-    workers = min(8, os.cpu_count() or 1) if device.type == "cuda" else 0
-    options = RunOptions(output=str(output), save_every=config.checkpoint_every, max_minutes=max_minutes,
-                         progress=progress, workers=workers)
+    objective = TestbedObjective(config, vocab, model, aux, device, options.save_every)
+    if options.workers is None:
+        options = dataclasses.replace(options, workers=min(8, os.cpu_count() or 1) if device.type == "cuda" else 0)
     model.train()
-    run = fit(objective, options, config.steps, fingerprint(dataclasses.asdict(config), _RESUMABLE),
-              desc="testbed train")
-    return finish(model, vocab, config, output, run.done, run.seconds, command)
+    run = fit(objective, options, config.steps, fingerprint(dataclasses.asdict(config)), desc="testbed train")
+    return finish(model, vocab, config, Path(options.output), run.done, run.seconds, command)
 
 
 class TestbedObjective(Objective):
@@ -494,12 +484,15 @@ class TestbedObjective(Objective):
         model: the Llama being trained (on ``device``).
         aux: the auxiliary head of ``key_aux_weight`` / ``value_aux_weight`` (None without them).
         device: where the model is.
+        save_every: steps between checkpoints (`RunOptions.save_every`), where the log also probes key matching.
     """
 
     __test__ = False  # not a pytest class
 
-    def __init__(self, config: TrainConfig, vocab: Vocab, model, aux: torch.nn.Module | None, device: torch.device):
+    def __init__(self, config: TestbedTrainConfig, vocab: Vocab, model, aux: torch.nn.Module | None,
+                 device: torch.device, save_every: int):
         self.config, self.vocab, self.model, self.aux, self.device = config, vocab, model, aux, device
+        self.save_every = save_every
         self.modules = {"model": model, **({"aux": aux} if aux is not None else {})}
         self.optimizer = _optimizer(list(self.modules.values()), config, device)
         self.batches = Batches(config, vocab)
@@ -565,7 +558,7 @@ class TestbedObjective(Objective):
                  "answer_token_accuracy": round(accuracy, 4), "tasks": _task_accuracy(batch, correct),
                  "lr": learning_rate(config, step), "seconds": round(seconds, 1),
                  **{f"attention_aux_{k}": round(v.item(), 4) for k, v in attention_losses.items()}}
-        if done % config.checkpoint_every == 0 or done == config.steps:
+        if done % self.save_every == 0 or done == config.steps:
             entry["key_matching"] = best_head(key_matching(self.model, self.vocab, min(1024, config.max_length), 8))
         return entry
 
@@ -573,7 +566,7 @@ class TestbedObjective(Objective):
         return f"len={record['length']} loss={record['loss']:.3f} acc={record['answer_token_accuracy']:.3f}"
 
 
-def finish(model, vocab: Vocab, config: TrainConfig, output: Path, steps_done: int, seconds: float,
+def finish(model, vocab: Vocab, config: TestbedTrainConfig, output: Path, steps_done: int, seconds: float,
            command: str | None) -> dict[str, Any]:
     """Export the model (bf16 safetensors + tokenizer), evaluate it, and write ``TRAINING.json``."""
     from elastic_bench.results.provenance import provenance
