@@ -281,7 +281,11 @@ class PackedLayer(DynamicLayer):
         return sum(self.sample_nbytes(b)[1] for b in range(len(self.lengths)))
 
     def reset(self) -> None:
+        """Drop the packed rows and the dense prompt: the layer takes the next prompt as a new one. (Some transformers
+        versions' `reset` zeroes ``keys`` in place when the layer is initialised; a packed layer has released them.)"""
         self.packed = None
+        self.keys = self.values = None
+        self.is_initialized = False
         super().reset()
 
     def _refuse(self, what: str) -> None:
