@@ -243,3 +243,16 @@ def test_dropping_samples_keeps_the_others_rows_and_bytes():
         torch.testing.assert_close(out[i : i + 1], expected, atol=1e-5, rtol=1e-4)
         assert layer.sample_nbytes(i) == (alone[b].nbytes(), alone[b].full_nbytes())
     assert layer.packed.num_rows == 2 * H and layer.nbytes() == alone[2].nbytes() + alone[0].nbytes()
+
+
+def test_returned_cache_reads_the_deprecated_name_only_where_the_new_one_is_absent():
+    from elastic_bench.modeling.kv_cache import returned_cache
+
+    class Output(dict):  # reading `past_key_values` warns of its deprecation in transformers >= 5.24
+        def get(self, key, default=None):
+            assert key != "past_key_values", "the deprecated name was read"
+            return super().get(key, default)
+
+    cache = object()
+    assert returned_cache(Output(cache=cache, past_key_values=cache)) is cache
+    assert returned_cache({"past_key_values": cache}) is cache

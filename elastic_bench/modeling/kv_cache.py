@@ -52,8 +52,9 @@ def cache_keyword(model) -> str:
 
 
 def returned_cache(output) -> Cache | None:
-    """The KV cache a forward's output carries (``output.cache``, or ``output.past_key_values`` before 5.24)."""
-    return output.get("cache", output.get("past_key_values"))
+    """The KV cache a forward's output carries (``output.cache``, or ``output.past_key_values`` before 5.24; the old
+    name is read only where the new one is absent, since reading it warns of its deprecation)."""
+    return output["cache"] if "cache" in output else output.get("past_key_values")
 
 
 def _offsets(caps: list[int]) -> torch.Tensor:
