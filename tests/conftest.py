@@ -21,3 +21,13 @@ def tiny_models():
     from elastic_bench.modeling.loading import load_model
 
     return {arch: load_model(f"tiny:{arch}", dtype=torch.float32, device="cpu") for arch in ("qwen3", "llama")}
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Fail the test if a command loads a model: these inputs must be refused before."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr("elastic_bench.modeling.loading.load_model", refuse)

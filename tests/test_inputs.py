@@ -7,38 +7,9 @@ import json
 
 import pytest
 import torch
+from fixtures.cli import main, one_line, tiny_run
 
 from elastic_bench import cli, get_method
-
-
-def main(argv, capsys) -> tuple[int, str]:
-    """``(exit status, stderr)`` of ``elastic-bench ARGV`` run in-process (argparse's own errors included)."""
-    try:
-        code = cli.main([str(a) for a in argv])
-    except SystemExit as exit_:
-        code = exit_.code
-    return code, capsys.readouterr().err
-
-
-def one_line(err: str) -> str:
-    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    return err.strip()
-
-
-@pytest.fixture
-def no_model(monkeypatch):
-    """Fail the test if a command loads a model: these inputs must be refused before."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded")
-
-    monkeypatch.setattr("elastic_bench.modeling.loading.load_model", refuse)
-
-
-def tiny_run(output, *extra) -> list[str]:
-    return ["run", "--model", "tiny:qwen3", "--tasks", "ruler_niah_single_1", "--lengths", "640", "--limit", "1",
-            "--no-progress", "--device", "cpu", "--output", output, *extra]
-
 
 # ---- 1. --debug, internal errors -----------------------------------------------------------------------------------
 

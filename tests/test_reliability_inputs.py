@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+from fixtures.cli import main, one_line, tiny_run
 
 from elastic_bench.foundation.files import LOCK_FILE, FolderLockedError, exclusive
 
@@ -64,40 +65,6 @@ def test_a_stale_lock_taken_over_at_once_has_one_holder(tmp_path):
     assert most.value == 1  # never two holders at once
     assert taken.value >= trials  # every trial had a holder
     assert not (tmp_path / LOCK_FILE).exists()
-
-
-# ---- helpers of the command-line cases -------------------------------------------------------------------------------
-
-
-def main(argv, capsys) -> tuple[int, str]:
-    """``(exit status, stderr)`` of ``elastic-bench ARGV`` run in-process (argparse's own errors included)."""
-    from elastic_bench import cli
-
-    try:
-        code = cli.main([str(a) for a in argv])
-    except SystemExit as exit_:
-        code = exit_.code
-    return code, capsys.readouterr().err
-
-
-def one_line(err: str) -> str:
-    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    return err.strip()
-
-
-@pytest.fixture
-def no_model(monkeypatch):
-    """Fail the test if a command loads a model: these inputs must be refused before."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded")
-
-    monkeypatch.setattr("elastic_bench.modeling.loading.load_model", refuse)
-
-
-def tiny_run(output, *extra) -> list[str]:
-    return ["run", "--model", "tiny:qwen3", "--tasks", "ruler_niah_single_1", "--lengths", "640", "--limit", "1",
-            "--no-progress", "--device", "cpu", "--output", output, *extra]
 
 
 # ---- outputs: never a device, a FIFO or an empty path ----------------------------------------------------------------
