@@ -85,3 +85,22 @@ def test_warm_up_compiles_the_decode_steps_fused_ops_only_with_decode_graphs(tin
     assert entered == []
     generation.warm_up(model, list(range(3, 15)), decode_graphs=True)
     assert entered == [model]
+
+
+def test_entering_again_compiles_nothing_new(monkeypatch):
+    """Every prompt of a cell enters `fused_ops`: the compiled wrappers are made at the first entry only."""
+    from elastic_bench.modeling import fusion
+    from elastic_bench.modeling.loading import load_model
+
+    model, _ = load_model("tiny:llama", device="cpu")
+    made = []
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: made.append(fn) or compile_(fn, **kw))
+    with fusion.fused_ops(model) as modules:
+        first = [m.forward for m in modules]
+    count = len(made)
+    assert count >= len(modules) > 0
+    with fusion.fused_ops(model) as modules:
+        assert [m.forward for m in modules] == first  # the same compiled wrappers
+    assert len(made) == count
+    assert all("forward" not in m.__dict__ for m in modules)  # the eager forwards are back
