@@ -16,6 +16,7 @@ import importlib
 import sys
 
 from elastic_bench.foundation.commands import Command, Group
+from elastic_bench.results.store import STORAGE_ERRNOS
 
 # The modules whose ``COMMANDS`` make the command line, in the order of its command list.
 MODULES = (
@@ -85,9 +86,14 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 # Exceptions a user can cause (a bad value, a missing or unreadable file, an unknown name, a missing extra): one line,
-# exit status 2. UnknownNameError is a ValueError.
+# exit status 2. UnknownNameError is a ValueError; an OSError of a full disk or a read-only location is one too
+# (`_user_error`).
 USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
                NotImplementedError, ImportError)
+
+
+def _user_error(err: Exception) -> bool:
+    return isinstance(err, USER_ERRORS) or (isinstance(err, OSError) and err.errno in STORAGE_ERRNOS)
 
 
 def _debug_requested(argv: list[str]) -> bool:
@@ -119,14 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader of a listing went away (`elastic-bench methods | head`)
         sys.stderr.close()
         return 0
-    except USER_ERRORS as err:
+    except Exception as err:  # a user's error or a bug: one line, unless --debug asks for the traceback
         if debug:
             raise
-        print(f"elastic-bench: error: {_one_line(err)}", file=sys.stderr)
-        return 2
-    except Exception as err:  # a bug: one line, unless --debug asks for the traceback
-        if debug:
-            raise
+        if _user_error(err):
+            print(f"elastic-bench: error: {_one_line(err)}", file=sys.stderr)
+            return 2
         print(f"elastic-bench: internal error: {type(err).__name__}: {_one_line(err)} (rerun with --debug for the "
               "traceback)", file=sys.stderr)
         return 1

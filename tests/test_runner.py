@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from elastic_bench import cli
-from elastic_bench.evaluation.runner import RunConfig, run
+from elastic_bench.evaluation.runner import CPU_CAVEAT, RunConfig, format_rows, run
 from elastic_bench.modeling import generation
 from elastic_bench.results.store import Cell
 
@@ -59,6 +59,42 @@ def test_run_writes_every_cell_and_rerun_does_no_work(tmp_path, counted_generati
     counted_generation.clear()
     run(config)
     assert counted_generation == []
+
+
+def test_overall_progress_bar_counts_cells_done_and_skipped(tmp_path, capsys):
+    config = small_config(tmp_path, lengths=[640], limit=1, progress=True)
+    run(config)
+    err = capsys.readouterr().err
+    assert "cell 1 of 2 (full · ruler_niah_single_1 · 640)" in err and "cell 2 of 2 (streaming-local=128" in err
+    assert "2/2" in err and "3 of 2" not in err
+    run(config)  # every cell complete: counted as done without a cell description
+    err = capsys.readouterr().err
+    assert "2/2" in err and "cell 1 of 2" not in err
+
+
+def _row(method, score, status="complete", device="cpu (x86_64)", **values):
+    return {"model": "testbed", "method": method, "task": "testbed", "length": 1024, "status": status,
+            "score": score, "omega_msr": values.get("msr"), "omega_esr": values.get("esr"),
+            "prefill_ms": values.get("ms"), "device": device}
+
+
+def test_format_rows_summarises_methods_with_fixed_decimals_a_legend_and_the_cpu_caveat():
+    rows = [_row("full", 100.0, msr=0.0, esr=0.0, ms=20.0), _row("full", 0, msr=0.0, esr=0.0, ms=40.0),
+            _row("streaming", 100 / 3, msr=1.0, esr=0.5, ms=90.0),
+            _row("streaming", None, status="failed", device=None)]
+    text = format_rows(rows, "runs/demo")
+    lines = text.splitlines()
+    summary = lines[:lines.index("")]
+    assert summary[0].split() == ["method", "complete", "failed", "score", "ΩMSR", "ΩESR", "prefill_ms", "(median)"]
+    assert summary[2].split() == ["full", "2/2", "0", "50.0", "0.000", "0.000", "30.0"]
+    assert summary[3].split() == ["streaming", "1/2", "1", "33.3", "1.000", "0.500", "90.0"]
+    cells = [line.split() for line in lines[len(summary) + 1:]]
+    assert cells[0] == ["model", "method", "task", "length", "status", "score", "ΩMSR", "ΩESR", "prefill_ms"]
+    assert [row[5] for row in cells[2:6]] == ["100.0", "0.0", "33.3", "-"]
+    assert "elastic-bench report runs/demo" in text and lines[-1] == CPU_CAVEAT
+    on_gpu = format_rows([_row("full", 50.0, device="NVIDIA H200", ms=5.0)], "runs/gpu")
+    assert CPU_CAVEAT not in on_gpu and "50.0" in on_gpu
+    assert format_rows([], "runs/none") == "(no cells)"
 
 
 def test_interrupted_cell_resumes_from_its_predictions(tmp_path, counted_generation):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -49,8 +50,18 @@ def installed(tmp_path_factory) -> Path:
     """A fresh environment holding the wheel; its site-packages sees this environment's packages through a ``.pth``
     line (which runs no ``.pth`` file of theirs, so the editable install of the tree stays out)."""
     work = tmp_path_factory.mktemp("wheel")
+    # built from a copy of what the build reads: an in-tree build/ folder keeps the files of modules since moved or
+    # deleted, and would pack them
+    from elastic_bench.devtools.imports import package_dirs
+
+    source = work / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy2(REPO / name, source / name)
+    for folder in set(package_dirs(REPO).values()):
+        shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(work / "dist"), str(REPO)], check=True, capture_output=True)
+                    str(work / "dist"), str(source)], check=True, capture_output=True)
     (wheel,) = (work / "dist").glob("elastic_bench-*.whl")
     env = work / "env"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)

@@ -94,8 +94,7 @@ def _run(command: Command, args: argparse.Namespace) -> int:
 
     check_device(config.device)
     rows = run(config)
-    print(format_rows(rows))
-    print(f"results: {config.output} (tables and frontiers: elastic-bench report {config.output})")
+    print(format_rows(rows, config.output))
     return 0 if all(r["status"] == "complete" for r in rows) else 1
 
 
@@ -154,7 +153,7 @@ def _demo(command: Command, args: argparse.Namespace) -> int:
         lengths=demo.lengths, limit=demo.limit, output=demo.output,
     )
     rows = run(config)
-    print(format_rows(rows))
+    print(format_rows(rows, config.output))
     report = Path(config.output) / "report"
     write_report(summarize(load_cells(config.output)), report, source=str(config.output))
     print(f"demo results written to {config.output}; report: {report / 'report.html'} and {report / 'report.md'}")

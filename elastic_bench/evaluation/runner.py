@@ -23,7 +23,7 @@ import math
 import statistics
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -34,7 +34,7 @@ from elastic_bench import tasks as task_registry
 from elastic_bench.foundation.options import check_fields, check_value
 from elastic_bench.foundation.registry import did_you_mean
 from elastic_bench.modeling.choices import KVCache
-from elastic_bench.results.store import Cell
+from elastic_bench.results.store import Cell, StorageError
 
 if TYPE_CHECKING:
     from elastic_bench.modeling.interface import Method
@@ -191,6 +191,7 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
     cannot be trusted (`Cell.verify`) is computed again (``strict``: stops the run).
     """
     import torch
+    from tqdm.auto import tqdm
 
     from elastic_bench.foundation.files import exclusive
     from elastic_bench.modeling.generation import stop_ids
@@ -229,13 +230,15 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
                 for length in config.lengths:
                     for m in built:
                         _check_cell(cell_of(m, task_name, length), {**fingerprints[m.label()], "length": length},
-                                    config.strict)
+                                    config.strict, config.data_dir)
         ranks.barrier()
         dtype = getattr(torch, config.dtype) if config.dtype else None
         model, tokenizer = load_model(source, dtype=dtype, device=ranks.device(config.device))
         session = _Session(config, model, tokenizer, model_context(model.config), stop_ids(model, tokenizer),
                            ranks)
         rows = []
+        overall = tqdm(total=len(task_names) * len(config.lengths) * len(built), unit="cell", position=0,
+                       disable=not (config.progress and ranks.is_main), file=sys.stderr)
         for task_name in task_names:
             task = task_registry.get(task_name, data_dir=config.data_dir)
             for length in config.lengths:
@@ -249,15 +252,26 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
                         error = f"{task_name} at {length} tokens: {err}"
                     if not error and not samples:
                         error = f"{task_name} at {length} tokens: no samples (an empty corpus?)"
+                overall.update(len(cells) - len(todo))
                 for method, cell in todo:
+                    overall.set_description(cell_description(overall.n, overall.total, cell))
                     inputs = _CellInputs(session, cell, method, {**fingerprints[method.label()], "length": length},
                                          task, samples)
                     if not error:
                         _run_cell(inputs)
                     elif ranks.is_main:
                         _fail(inputs, error)
+                    overall.update()
                 rows.extend(summary_row(cell) for cell in cells)
+        overall.set_description("cells")
+        overall.close()
     return rows
+
+
+def cell_description(done: int, total: int, cell: Cell) -> str:
+    """The overall progress bar's description while ``cell`` runs, ``done`` of ``total`` cells finished or skipped:
+    e.g. ``cell 41 of 72 (streaming · testbed · 2048)``."""
+    return f"cell {done + 1} of {total} ({cell.method} · {cell.task} · {cell.length})"
 
 
 def _fingerprint(config: RunConfig, method: Method, source: ModelSource) -> dict[str, Any]:
@@ -274,14 +288,18 @@ def _fingerprint(config: RunConfig, method: Method, source: ModelSource) -> dict
                                   "dtype": config.dtype}, default=str))
 
 
-def _check_cell(cell: Cell, fingerprint: dict[str, Any], strict: bool) -> None:
-    """Refuse a cell of another configuration (another seed, ``--limit``, router contents, ...): its predictions would
-    be mixed with, or taken for, this run's. Compute a cell again whose files do not prove themselves."""
+def _check_cell(cell: Cell, fingerprint: dict[str, Any], strict: bool, data_dir: str | None) -> None:
+    """Refuse a cell reached through a symbolic link, or of another configuration (another seed, ``--limit``, router
+    contents, an empty or malformed recorded fingerprint, ...): its predictions would be mixed with, or taken for,
+    this run's. Remove the temporary files of killed writes; compute a cell again whose files do not prove themselves
+    (a complete cell's scores are recomputed from its predictions with its task's aggregation)."""
+    cell.check_links()
     changed = cell.conflict(fingerprint)
     if changed:
         raise ValueError(f"{cell.dir} holds results of another configuration ({', '.join(changed)} differ); "
                          "use another --output or delete that folder")
-    reason = cell.verify()
+    cell.remove_temporaries()
+    reason = cell.verify(task_registry.get(cell.task, data_dir=data_dir).aggregate if cell.is_complete() else None)
     if reason is None:
         return
     if strict:
@@ -325,7 +343,9 @@ def _run_cell(inputs: _CellInputs) -> None:
     session, cell, method, samples = inputs.session, inputs.cell, inputs.method, inputs.samples
     config, ranks = session.config, session.ranks
     if ranks.is_main:
-        cell.start(_cell_config(inputs, len(samples)))
+        discarded = cell.start(_cell_config(inputs, len(samples)), [s.id for s in samples])
+        if discarded:
+            print(f"elastic-bench: cell {cell.dir}: {discarded}; computing it again", file=sys.stderr)
     ranks.barrier()
     done = {r["id"] for r in cell.predictions()}
     mine = [s for s in samples if s.id not in done][ranks.rank :: ranks.world_size]
@@ -341,10 +361,12 @@ def _run_cell(inputs: _CellInputs) -> None:
                 generation.warm_up(session.model, mine[0].input_ids, graphs)
         with apply(method, session.model, backend=config.backend, kv_cache=config.kv_cache) as handle, \
                 tqdm(total=len(mine), desc=desc, disable=not (config.progress and ranks.is_main), leave=False,
-                     file=sys.stderr) as bar:
+                     position=1, file=sys.stderr) as bar:
             for record in _generate(inputs, mine, handle, graphs):
                 cell.append(record, shard)
                 bar.update()
+    except StorageError:  # a full disk or a read-only folder: the user's to fix, for every cell alike
+        raise
     except torch.cuda.OutOfMemoryError:
         error = f"out of memory at {cell.length} tokens (rank {ranks.rank})"
         torch.cuda.empty_cache()
@@ -565,7 +587,8 @@ def _fail(inputs: _CellInputs, error: str) -> None:
 
 
 def summary_row(cell: Cell) -> dict[str, Any]:
-    """One line of the run summary for ``cell``."""
+    """One line of the run summary for ``cell``; ``device`` (where it ran) is kept for `format_rows`' CPU caveat and
+    not shown as a column."""
     metrics = cell.metrics() or {}
     return {
         "model": cell.model,
@@ -577,22 +600,65 @@ def summary_row(cell: Cell) -> dict[str, Any]:
         "omega_msr": metrics.get("omega_msr"),
         "omega_esr": metrics.get("omega_esr"),
         "prefill_ms": 1000 * metrics["prefill_seconds"] if "prefill_seconds" in metrics else None,
+        "device": metrics.get("device"),
     }
 
 
-def format_rows(rows: list[dict[str, Any]]) -> str:
-    """A fixed-width text table of summary rows."""
+# Decimals per column of the terminal table: scores are 0-100, sparsities fractions.
+_DECIMALS = {"score": 1, "omega_msr": 3, "omega_esr": 3, "prefill_ms": 1}
+_HEADERS = {"omega_msr": "ΩMSR", "omega_esr": "ΩESR"}
+LEGEND = ("score: the task's score (0-100); ΩMSR: share of (layer, KV head) pairs not attending in full; ΩESR: share "
+          "of causal (query, key) pairs skipped;\nprefill_ms: mean prefill of a cell's prompts timed alone. The "
+          "summary gives means over a method's complete cells, and the median of their prefill_ms.")
+CPU_CAVEAT = ("prefill_ms was measured on the CPU, where sparse methods do not run the GPU kernels: it says nothing of "
+              "their speedups.")
+
+
+def format_rows(rows: list[dict[str, Any]], output: str | Path) -> str:
+    """The terminal table of a run's `summary_row` rows: a per-method summary, the per-cell table, a legend naming
+    ``elastic-bench report OUTPUT`` for the full tables, and a caveat line where any prefill ran on the CPU."""
+    from tabulate import tabulate
+
     if not rows:
         return "(no cells)"
-    columns = list(rows[0])
-
-    def fmt(value: Any) -> str:
-        if isinstance(value, float):
-            return "nan" if math.isnan(value) else f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
-        return "-" if value is None else str(value)
-
-    cells = [[fmt(r[c]) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    columns = [c for c in rows[0] if c != "device"]
+    table = tabulate([[_format(c, r[c]) for c in columns] for r in rows],
+                     headers=[_HEADERS.get(c, c) for c in columns], disable_numparse=True)
+    summary = tabulate(_method_summary(rows), headers="keys", disable_numparse=True)
+    lines = [summary, "", table, "", LEGEND, f"results: {output} (full tables and frontiers: elastic-bench report "
+             f"{output})"]
+    if any(str(r.get("device") or "").startswith("cpu") and r.get("prefill_ms") is not None for r in rows):
+        lines.append(CPU_CAVEAT)
     return "\n".join(lines)
+
+
+def _method_summary(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """Per method (in order of appearance): cells complete and failed, mean score, ΩMSR, ΩESR over its complete cells
+    and their median prefill_ms."""
+    summary = []
+    for method in dict.fromkeys(r["method"] for r in rows):
+        mine = [r for r in rows if r["method"] == method]
+        complete = [r for r in mine if r["status"] == "complete"]
+        summary.append({
+            "method": method,
+            "complete": f"{len(complete)}/{len(mine)}",
+            "failed": str(sum(r["status"] == "failed" for r in mine)),
+            **{_HEADERS.get(k, k): _format(k, _over(complete, k, statistics.fmean))
+               for k in ("score", "omega_msr", "omega_esr")},
+            "prefill_ms (median)": _format("prefill_ms", _over(complete, "prefill_ms", statistics.median)),
+        })
+    return summary
+
+
+def _over(rows: list[dict[str, Any]], key: str, reduce: Callable[[list[float]], float]) -> float | None:
+    """``reduce`` of the ``key`` values of ``rows`` that are set; None where none is."""
+    values = [r[key] for r in rows if r[key] is not None]
+    return reduce(values) if values else None
+
+
+def _format(column: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and math.isnan(value):
+        return "nan"
+    return f"{value:.{_DECIMALS[column]}f}" if column in _DECIMALS else str(value)

@@ -10,6 +10,7 @@ Part of the foundation: imports nothing of elastic-bench, so every pillar may us
 from __future__ import annotations
 
 import fcntl
+import glob
 import hashlib
 import json
 import os
@@ -29,6 +30,16 @@ def _umask() -> int:
     return mask
 
 
+_TMP_SUFFIX = ".tmp"
+
+
+def stray_temporaries(path: str | Path) -> list[Path]:
+    """The temporary files that atomic writes of ``path`` left behind (a writer killed before its rename); only
+    meaningful while no other process writes ``path``."""
+    path = Path(path)
+    return sorted(path.parent.glob(f".{glob.escape(path.name)}.*{_TMP_SUFFIX}"))
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; when the block ends without error, it replaces ``path``.
@@ -40,7 +51,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TMP_SUFFIX)
     os.close(fd)
     try:
         yield Path(tmp)
