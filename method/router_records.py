@@ -84,7 +84,7 @@ def write_router_records(config: RecordsConfig) -> int:
     """
     from tqdm.auto import tqdm
 
-    from elastic_bench.modeling.loading import max_positions
+    from elastic_bench.modeling.loading import load_tokenizer, max_positions
 
     text = CorpusText(config.corpus, config.data_dir) if config.corpus else GeneratedText()
     names = config.tasks or list(task_names())
@@ -109,17 +109,3 @@ def write_router_records(config: RecordsConfig) -> int:
     print(f"{len(records)} records written to {config.output}")
     return len(records)
 
-
-def load_tokenizer(spec: str):
-    """The tokenizer that `elastic_bench.modeling.loading.load_model` pairs with model ``spec``, loaded without the
-    weights."""
-    from elastic_bench.modeling.loading import bpe_tokenizer, byte_tokenizer, resolve_model
-
-    source = resolve_model(spec)
-    if source.kind in ("tiny", "random"):
-        return bpe_tokenizer() if source.spec == "tiny:llama" else byte_tokenizer()
-    from transformers import AutoTokenizer
-
-    if source.gguf is not None:
-        return AutoTokenizer.from_pretrained(str(source.gguf.parent), gguf_file=source.gguf.name)
-    return AutoTokenizer.from_pretrained(source.path)

@@ -15,7 +15,6 @@ import pytest
 import torch
 from fixtures.tasks_data import write_ruler
 
-from elastic_bench.method import router_records
 from elastic_bench.method.data import DEFAULT_TARGETS, load_examples
 from elastic_bench.method.modes import ModeConfig
 from elastic_bench.method.router_records import RecordsConfig, write_router_records
@@ -139,7 +138,7 @@ def test_lengths_beyond_the_model_and_a_missing_corpus_stop_before_the_tokenizer
     def refuse(spec):
         raise AssertionError("the tokenizer was loaded")
 
-    monkeypatch.setattr(router_records, "load_tokenizer", refuse)
+    monkeypatch.setattr("elastic_bench.modeling.loading.load_tokenizer", refuse)
     with pytest.raises(ValueError, match="--lengths 8192 exceed the 4096 positions of testbed"):
         write_router_records(RecordsConfig(model="testbed", output=str(tmp_path / "r.jsonl"), lengths=[2048, 8192]))
     with pytest.raises(FileNotFoundError, match="--corpus: no file or folder"):

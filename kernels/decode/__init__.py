@@ -58,11 +58,6 @@ class PackedKV:
     def num_rows(self) -> int:
         return self.offsets.shape[0]
 
-    def nbytes(self) -> int:
-        """Bytes of the stored keys, values and positions (what the cache holds; the per-row vectors are not
-        counted: a few bytes per row)."""
-        return sum(t.numel() * t.element_size() for t in (self.keys, self.values, self.positions))
-
 
 def decode_attention(q: torch.Tensor, kv: PackedKV, scale: float | None = None, backend: str = "auto") -> torch.Tensor:
     """Attention of one new token per sample over a packed cache.
