@@ -7,8 +7,10 @@ Design decisions:
   head_dim), the router architecture, the meaning of the two sides (`ModeConfig`) and the training hyper-parameters.
 - A released model directory (``config.json`` + ``*.safetensors``) is read for its ``mask_allocator`` tensors only,
   and its config keys are mapped: ``retrieval_mode``/``toggle_type`` → mode, ``sink_size``, ``local_window_size``
-  (code default 1024 when absent), ``block_size``, ``use_softmax`` → number of logits. Its eval code used an
-  XAttention threshold of 0.8 (not stored in the config); elastic-bench uses 0.9 unless ``xa_threshold`` is given.
+  (code default 1024 when absent), ``block_size``, ``use_softmax`` → number of logits, and ``xattn_threshold`` /
+  ``xattn_stride`` (the keys FastDeploy reads) → ``xa_threshold`` / ``xa_stride``. Without ``xattn_threshold``
+  elastic-bench uses the paper's τ 0.9 (the official evaluation code ran 0.8, `OFFICIAL_XA_THRESHOLD`); an
+  ``xa_threshold`` override wins over either.
 - A checkpoint is checked as data before any router is built: every config number within `BOUNDS`, the tensors of
   every layer and only those, each of the shape the config implies, every value finite. A bad file is one ValueError
   naming the file and its first bad entry.
@@ -290,6 +292,8 @@ def _config_from_hf(hf: dict[str, Any], tensors: dict[str, torch.Tensor], source
         sink=hf.get("sink_size", 128),
         local=hf.get("local_window_size", 1024),
         block_size=hf.get("block_size", 128),
+        xa_stride=hf.get("xattn_stride", ModeConfig.xa_stride),
+        xa_threshold=hf.get("xattn_threshold", ModeConfig.xa_threshold),
     )
     return RouterConfig(
         num_layers=hf["num_hidden_layers"],

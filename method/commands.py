@@ -53,16 +53,19 @@ def _train_gates(module: str, train: str, method: str, command: Command, args: a
 
     import numpy as np
 
-    from elastic_bench.modeling.loading import check_device, max_positions
+    from elastic_bench.baselines.training.base import fit_to_model
+    from elastic_bench.modeling.loading import check_device
 
     config, options = command.configs_from(args)
     check_device(config.device)
-    positions = max_positions(config.model)
-    if config.data.max_length > positions:
-        raise ValueError(f"--max-length {config.data.max_length} exceeds the {positions} positions of "
-                         f"{config.model}")
+    config, chosen = fit_to_model(config)
+    main_rank = os.environ.get("RANK", "0") == "0"
+    if chosen and main_rank:
+        flags = " ".join(f"{command.flags.get(name, '--' + name.replace('_', '-'))} {value}"
+                         for name, value in chosen.items())
+        print(f"{command.name} chose for {config.model}: {flags}")
     gates, result = getattr(importlib.import_module(module), train)(config, options)
-    if os.environ.get("RANK", "0") != "0":
+    if not main_rank:
         return 0
     if not result.complete:
         print(f"{command.name} stopped by --max-minutes at step {result.done}: {options.output} (rerun the command "
@@ -82,7 +85,7 @@ def _gates(name: str, trainer: str, config: str, train: str, method: str, help: 
     return Command(
         name, help, description, partial(_train_gates, module, train, method),
         configs=(f"{module}:{config}", RUN_OPTIONS),
-        flags={"local": "--local-window"},  # torchrun would take --local for its --local-addr
+        flags={"local": "--local-window", "kind": "--data"},  # torchrun would take --local for its --local-addr
         skipped=NOT_ON_THE_COMMAND_LINE, defaults={"output": f"runs/{trainer}"},
         helps={"output": "output folder (gates, settings, log, training state); a rerun with the same one resumes.",
                "save_every": "steps between checkpoints (and exports)."},
@@ -125,8 +128,9 @@ COMMANDS = (
         "train-prulong", "prulong", "PruLongTrainConfig", "train_prulong", "prulong",
         "train PruLong's hard-concrete head masks for a model (frozen backbone)",
         "Train one hard-concrete mask per KV head (PruLong, arXiv 2506.17121; upstream's recipe): each head outputs "
-        "z·full + (1 − z)·streaming, with the LM loss plus a Lagrangian steering the head sparsity to --target "
-        "(ramped from 0), on DuoAttention's passkey data. Writes the 0/1 masks at --target as "
+        "z·full + (1 − z)·streaming, with the LM loss on every token plus a Lagrangian steering the head sparsity to "
+        "--target (ramped from 0), on rows of natural text (--haystack, RULER's essays or generated; --data passkeys: "
+        "DuoAttention's passkey data). Writes the 0/1 masks at --target as "
         "full_attention_heads.tsv (-O prulong.pattern=OUTPUT), log_alpha.tsv, config.json, train_log.jsonl and a "
         "resume state to OUTPUT; re-running the same command resumes.",
     ),

@@ -36,6 +36,7 @@ from torch import nn
 
 from elastic_bench.kernels import HeadPlan, Mode, hybrid_attention
 from elastic_bench.modeling.interface import AttentionCall, Method, register_method
+from elastic_bench.modeling.tensor_parallel import kv_heads, tensor_parallel
 
 from .modes import OFFICIAL_XA_THRESHOLD, PAPER_XA_THRESHOLD
 
@@ -136,14 +137,15 @@ class Elastic(Method):
         self.routers = None  # elastic_bench.method.RouterBank, set by setup() or by the trainer
         self._decided: dict[int, dict[int, torch.Tensor]] = {}  # layer -> sample -> [H] bool (full side)
         self._sparse_side = self._routed = 0
+        self._shard = None  # the model's tensor-parallel shard, set by setup()
 
-    def label(self) -> str:
-        """Name plus changed knobs (a run-folder name): a router path is shortened to its last component."""
+    def label(self, base: dict[str, Any] | None = None, tag: str | None = None) -> str:
+        """`Method.label`, a router path shortened to its last component."""
         if self.router is None or self.router == UNTRAINED:
-            return super().label()
+            return super().label(base, tag)
         shortened = copy.copy(self)  # not dataclasses.replace: the short name is no directory to check
         shortened.router = Path(self.router).name
-        return Method.label(shortened)
+        return Method.label(shortened, base, tag)
 
     def overrides(self) -> dict[str, Any]:
         """The `ModeConfig` fields set on this method (they replace a checkpoint's)."""
@@ -197,9 +199,21 @@ class Elastic(Method):
                 f"router checkpoint {self.router or config.base_model!r} is for {config.layout()}; the model has "
                 f"{layout[0]} layers × {layout[1]} KV heads × head_dim {layout[2]}"
             )
-        self.routers.to(next(model.parameters()).device)
+        self._place_routers(model)
+        self._shard = tensor_parallel(model)
         self._decided.clear()
         self._sparse_side = self._routed = 0
+
+    def _place_routers(self, model: nn.Module) -> None:
+        """Each layer's router on its layer's device (layers spread by a device map), and under tensor parallelism with
+        the centring means of this rank's KV heads only: the MLPs are shared by the heads, the means are per head."""
+        from elastic_bench.modeling.attention import attention_modules
+
+        for module in attention_modules(model):
+            router = self.routers[module.layer_idx].to(module.k_proj.weight.device)
+            heads = kv_heads(module)
+            if router.feature_mean is not None and len(router.feature_mean) != heads.stop - heads.start:  # not yet cut
+                router.feature_mean = router.feature_mean[heads]
 
     def teardown(self, model: nn.Module) -> None:
         self._decided.clear()
@@ -280,10 +294,11 @@ class Elastic(Method):
 
     def extra_stats(self) -> dict[str, Any]:
         """``router_sparse_fraction``: share of (prompt, layer, KV head) decisions routed to the sparse side (router
-        index 0) since `setup` (equal to ΩMSR in FA-SSA/FA-XA; the streaming share in XA-SSA)."""
-        if not self._routed:
-            return {}
-        return {"router_sparse_fraction": self._sparse_side / self._routed}
+        index 0) since `setup` (equal to ΩMSR in FA-SSA/FA-XA; the streaming share in XA-SSA), over every KV head: under
+        tensor parallelism a collective that every rank of the replica calls."""
+        counts = (self._sparse_side, self._routed)
+        sparse, routed = self._shard.sum(counts) if self._shard is not None else counts  # every rank's heads
+        return {"router_sparse_fraction": sparse / routed} if routed else {}
 
 
 def model_layout(model: nn.Module) -> tuple[int, int, int]:

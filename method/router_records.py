@@ -82,6 +82,21 @@ def write_router_records(config: RecordsConfig) -> int:
         ValueError: a length exceeds the model's positions, or none of a category's tasks fits it.
         FileNotFoundError: the corpus, or the punkt model that splits it, is missing.
     """
+    records = make_router_records(config)
+    write_jsonl(config.output, records)
+    print(f"{len(records)} records written to {config.output}")
+    return len(records)
+
+
+def make_router_records(config: RecordsConfig, tokenizer=None) -> list[dict]:
+    """The records ``config`` asks for, measured with ``config.model``'s ``tokenizer`` (None: loaded here, after the
+    lengths and the corpus are checked; ``config.output`` is not written); says which lengths, text and tasks it
+    chose, and which tasks a length left out.
+
+    Raises:
+        ValueError: a length exceeds the model's positions, or none of a category's tasks fits it.
+        FileNotFoundError: the corpus, or the punkt model that splits it, is missing.
+    """
     from tqdm.auto import tqdm
 
     from elastic_bench.modeling.loading import load_tokenizer, max_positions
@@ -94,7 +109,8 @@ def write_router_records(config: RecordsConfig) -> int:
     beyond = [length for length in lengths if length > positions]
     if beyond:
         raise ValueError(f"--lengths {','.join(map(str, beyond))} exceed the {positions} positions of {config.model}")
-    tokenizer = load_tokenizer(config.model)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(config.model)
     categories = [category for category in CATEGORIES if any(task.category == category for task in tasks)]
     print(f"records for {config.model}: lengths {','.join(map(str, lengths))}, {config.samples} per category "
           f"({', '.join(categories)}) and length, from {text.description}; tasks: {', '.join(names)}")
@@ -102,10 +118,7 @@ def write_router_records(config: RecordsConfig) -> int:
     stream = router_records(tokenizer, lengths, config.samples, tasks, config.seed, left_out)
     total = len(lengths) * config.samples * len(categories)
     records = list(tqdm(stream, total=total, desc="records", disable=not config.progress))
-    write_jsonl(config.output, records)
     if left_out:
         print("left out where their smallest record is longer than the length: "
               + ", ".join(f"{name} at {length} ({tokens} tokens)" for name, length, tokens in left_out))
-    print(f"{len(records)} records written to {config.output}")
-    return len(records)
-
+    return records

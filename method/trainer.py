@@ -34,7 +34,7 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -50,6 +50,7 @@ from elastic_bench.training.engine import (
     enable_gradient_checkpointing,
     fingerprint,
     fit,
+    in_range,
     pack,
     replica_divergence,
     row_inputs,
@@ -73,13 +74,19 @@ class RouterTrainConfig:
 
     Attributes:
         model: base model spec (``tiny:qwen3``, ``testbed``, a path or hub id); frozen during training.
-        data: training records (a JSONL/parquet file or a directory of them, `elastic_bench.method.data`) or
-            ``"synthetic"`` (`synthetic_records`).
+        data: training records (a JSONL/parquet file or a directory of them, `elastic_bench.method.data`),
+            ``"records"`` (the records ``elastic-bench records --model MODEL --seed SEED`` writes, made in the
+            process: sensitive and robust tasks at lengths spread over the model's context, `router_records`) or
+            ``"synthetic"`` (`synthetic_records`, a small set for quick runs).
         steps: optimizer steps.
         rows_per_step: packed rows per optimizer step, over all ranks (a multiple of the number of ranks); 24 as the
             official script's global batch (6 accumulation steps × 8 GPUs, sequence parallelism 2).
         pack_tokens: tokens per packed row.
-        max_tokens: per-sample cap in tokens (the prompt's middle is cut); None: ``pack_tokens``.
+        max_tokens: per-sample cap in tokens; None: ``pack_tokens``.
+        min_tokens: shortest sample kept under ``length_rule="drop"`` (the official packing: 1024).
+        length_rule: samples outside ``min_tokens``-``max_tokens``: ``drop`` them (the official packing, which
+            leaves out rows outside 1K-64K tokens) or ``truncate`` (cut the middle of a long one's prompt, keep the
+            short ones).
         targets: target ΩMSR per category (``NAME=VALUE``); every category of the data needs one.
         attention: what the router's two sides mean (mode, streaming geometry, XAttention threshold).
         hidden_mult: hidden width of the router's MLPs, in multiples of the head dimension (4 in the paper).
@@ -123,11 +130,13 @@ class RouterTrainConfig:
     """
 
     model: str = "tiny:qwen3"
-    data: str = "synthetic"
+    data: str = "records"
     steps: int = 300
     rows_per_step: int = 24
     pack_tokens: int = 65536
     max_tokens: int | None = None
+    min_tokens: int = 0
+    length_rule: Literal["drop", "truncate"] = "drop"
     targets: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TARGETS))
     attention: ModeConfig = field(default_factory=ModeConfig)
     hidden_mult: int = 4
@@ -172,6 +181,8 @@ class RouterTrainConfig:
             "warmup must lie in [0, 1)": 0.0 <= self.warmup < 1.0,
             "penalty must be 'signed' or 'abs'": self.penalty in ("signed", "abs"),
             "loss_tokens must be 'all' or 'answer'": self.loss_tokens in ("all", "answer"),
+            "length_rule must be 'drop' or 'truncate'": self.length_rule in ("drop", "truncate"),
+            "min_tokens must be >= 0": self.min_tokens >= 0,
             "tau_schedule must be 'exponential' or 'cosine'": self.tau_schedule in ("exponential", "cosine"),
             "pooling must be 'boundary' or 'mean'": self.pooling in ("boundary", "mean"),
             "relaxation must be 'softmax' or 'sigmoid'": self.relaxation in ("softmax", "sigmoid"),
@@ -479,20 +490,32 @@ def evaluate_routing(handle, loss_model: LossModel, rows: list[PackedRow], categ
 
 
 def _data(config: RouterTrainConfig, tokenizer, progress: bool) -> tuple[list[str], list[PackedRow], list[PackedRow]]:
-    if config.data == "synthetic":
-        records = synthetic_records(config.synthetic_samples, config.synthetic_length, config.seed)
+    if config.data in ("records", "synthetic"):
+        records = (model_records(config, tokenizer, progress) if config.data == "records" else
+                   synthetic_records(config.synthetic_samples, config.synthetic_length, config.seed))
         examples = [to_example(r) for r in records]
     else:
         examples = load_examples(config.data, config.targets)
     categories = check_categories(examples, config.targets)
     max_tokens = config.max_tokens or config.pack_tokens
-    samples = tokenize_examples(examples, tokenizer, categories, max_tokens, progress)
+    drop = config.length_rule == "drop"
+    samples = tokenize_examples(examples, tokenizer, categories, max_tokens, progress, truncate=not drop)
+    if drop:
+        samples = in_range(samples, config.min_tokens, max_tokens, categories)
     rows = pack(samples, config.pack_tokens, config.loss_tokens)
     picked: list = []
     for index in range(len(categories)):
         picked += [s for s in samples if s.category == index][: config.eval_samples]
     prompts = [dataclasses.replace(s, input_ids=s.input_ids[: s.prompt_len]) for s in picked]
     return categories, rows, pack(prompts, config.pack_tokens, config.loss_tokens)
+
+
+def model_records(config: RouterTrainConfig, tokenizer, progress: bool) -> list[dict[str, Any]]:
+    """``data="records"``: the project's router records for ``config.model`` (`RecordsConfig`'s defaults, the
+    training seed), measured with its ``tokenizer``."""
+    from .router_records import RecordsConfig, make_router_records
+
+    return make_router_records(RecordsConfig(model=config.model, seed=config.seed, progress=progress), tokenizer)
 
 
 def _row_index(step: int, slot: int, num_rows: int, config: RouterTrainConfig) -> int:

@@ -3,8 +3,10 @@ files, its proof check).
 
 Design decisions:
 - A complete cell is reported only if it proves itself as the runner requires before it skips a cell
-  (`elastic_bench.results.store.Cell.verify`: its predictions are those its ``metrics.json`` was computed from);
-  otherwise it is listed as failed, with the reason.
+  (`elastic_bench.results.store.Cell.verify`: its predictions are those its ``metrics.json`` was computed from, and,
+  given its task's official aggregation, the scores it records are those its predictions give); otherwise it is listed
+  as failed, with the reason. The aggregations are the tasks' (`elastic_bench.tasks`), which this pillar does not
+  import: the caller passes them (`Aggregations`).
 - Per-sample records (`SampleResult`) are read on first use: tables need only the cell means, the paired bootstrap
   and the routing maps need the samples.
 - The task's official breakdowns (``score_<name>`` keys of ``metrics.json``: LongBench-E's length buckets,
@@ -14,12 +16,18 @@ Design decisions:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from elastic_bench.results.store import Cell, finished
+
+Aggregation = Callable[[list[dict[str, Any]]], dict[str, Any]]
+Aggregations = Callable[[str], Aggregation | None]
+"""A task name → that task's official aggregation of its prediction records (``Task.aggregate``), or None for a task
+it does not know."""
 
 
 @dataclass(frozen=True)
@@ -43,16 +51,17 @@ class SampleResult:
 class CellResult:
     """One (model, method, task, length) cell as written by the runner.
 
-    ``method`` is the result folder's name (a method and its changed options); ``method_name`` the registered method and
-    ``options`` all its options; ``score`` is the task's official score in percent and ``breakdown`` its official
-    sub-scores (``{"0-4k": 41.2, ...}``, percent); ``omega_msr`` / ``omega_esr`` are the cell means of the per-sample
-    sparsity; ``prefill_seconds`` the median prefill time per sample of the prompts timed alone (batch 1; the mean for
-    cells that record no median); ``samples_per_second`` the generation throughput of the prompts run batched, at
-    ``batch_size`` (NaN for a cell run at batch 1): a throughput, never a prefill time; ``device`` and ``backend`` say
-    where and on which attention kernel the prefills ran; ``artifacts`` the learned files the method loaded, by option
-    name, as SHA-256 digests (``{"router": "818e…"}``); ``versions``, ``git_hash``, ``source_digest`` and ``date`` where
-    and from which code the cell was computed. ``error`` is set for failed cells, whose numbers are NaN. ``run`` names
-    the run folder among several (`elastic-bench compare`), ``cell`` is the cell in the results store.
+    ``method`` is the result folder's name (a method and its changed options); ``method_name`` the registered method
+    and ``options`` all its options; ``preset`` the settings preset that set them (None: none applied); ``score`` is
+    the task's official score in percent and ``breakdown`` its official sub-scores (``{"0-4k": 41.2, ...}``,
+    percent); ``omega_msr`` / ``omega_esr`` are the cell means of the per-sample sparsity; ``prefill_seconds`` the
+    median prefill time per sample of the prompts timed alone (batch 1; the mean for cells that record no median);
+    ``samples_per_second`` the generation throughput of the prompts run batched, at ``batch_size`` (NaN for a cell
+    run at batch 1): a throughput, never a prefill time; ``device`` and ``backend`` say where and on which attention
+    kernel the prefills ran; ``artifacts`` the learned files the method loaded, by option name, as SHA-256 digests
+    (``{"router": "818e…"}``); ``versions``, ``git_hash``, ``source_digest`` and ``date`` where and from which code
+    the cell was computed. ``error`` is set for failed cells, whose numbers are NaN. ``run`` names the run folder
+    among several (`elastic-bench compare`), ``cell`` is the cell in the results store.
     """
 
     model: str
@@ -72,6 +81,7 @@ class CellResult:
     backend: str = ""
     method_name: str = ""
     options: dict[str, Any] = field(default_factory=dict, compare=False)
+    preset: str | None = None
     artifacts: dict[str, str] = field(default_factory=dict, compare=False)
     breakdown: dict[str, float] = field(default_factory=dict, compare=False)
     versions: dict[str, str] = field(default_factory=dict, compare=False)
@@ -111,12 +121,13 @@ def _number(metrics: dict[str, Any], key: str) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
 
 
-def _result(cell: Cell, run: str) -> CellResult:
+def _result(cell: Cell, run: str, aggregations: Aggregations | None) -> CellResult:
     metrics = cell.metrics()
     if metrics is None:
         raise ValueError("not a JSON object")
     status, error = str(metrics["status"]), metrics.get("error")
-    if status == "complete" and (reason := cell.verify()) is not None:
+    aggregate = aggregations(cell.task) if aggregations is not None and status == "complete" else None
+    if status == "complete" and (reason := cell.verify(aggregate)) is not None:
         status, error = "failed", f"{reason} (rerun the run to compute the cell again)"
     fingerprint = metrics.get("fingerprint") if isinstance(metrics.get("fingerprint"), dict) else {}
     return CellResult(
@@ -135,6 +146,7 @@ def _result(cell: Cell, run: str) -> CellResult:
         backend=str(metrics.get("backend_used") or ""),
         method_name=str(metrics.get("method") or cell.method.split("-")[0]),
         options=dict(metrics.get("method_options") or {}),
+        preset=str(metrics["preset"]) if metrics.get("preset") else None,
         artifacts={str(k): str(v) for k, v in (fingerprint.get("artifacts") or {}).items()},
         breakdown={k.removeprefix("score_"): _number(metrics, k) for k in metrics if k.startswith("score_")},
         versions={str(k): str(v) for k, v in (metrics.get("versions") or {}).items()},
@@ -146,12 +158,14 @@ def _result(cell: Cell, run: str) -> CellResult:
     )
 
 
-def load_cells(run_dir: str | Path, run: str = "") -> list[CellResult]:
+def load_cells(run_dir: str | Path, run: str = "", aggregations: Aggregations | None = None) -> list[CellResult]:
     """Every finished cell under ``run_dir`` (`elastic_bench.results.store.finished`), sorted by model, method, task
     and length.
 
     Cells still running (a folder without ``metrics.json``) are not results yet and are left out. ``run`` names the
-    run in a comparison of several (`CellResult.run`).
+    run in a comparison of several (`CellResult.run`). With ``aggregations``, a complete cell's scores are recomputed
+    from its proven predictions with its task's official aggregation, and a cell whose ``metrics.json`` records others
+    (an edited score) is reported as failed; without, its predictions are checked, not its scores.
 
     Raises:
         FileNotFoundError: ``run_dir`` does not exist.
@@ -164,7 +178,7 @@ def load_cells(run_dir: str | Path, run: str = "") -> list[CellResult]:
     cells = []
     for cell in finished(root):
         try:
-            cells.append(_result(cell, run))
+            cells.append(_result(cell, run, aggregations))
         except (KeyError, ValueError, TypeError) as err:
             detail = f"no {err}" if isinstance(err, KeyError) else str(err)
             raise ValueError(f"{cell.metrics_path} is not a cell's metrics.json written by `elastic-bench run` "

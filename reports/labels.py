@@ -9,14 +9,20 @@ Design decisions:
   a file path shows its last component only, never an absolute path.
 - A few long option names have a short form (`SHORT`); the legend table of a report keeps every option in full.
 - Two configurations that would share a label get their folder names instead (still without absolute paths).
+- The options a configuration left unset (None: a learned file's own, e.g. elastic's streaming geometry) are shown
+  with the values it ran with where its cells record them (``method_resolved``, written by the runner once the method
+  has loaded its files): a legend then tells apart two routers of different geometries.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
+
+from .collect import CellResult
 
 SHORT = {"sparsity": "s", "threshold": "τ", "xa_threshold": "xa_τ", "granularity": "gran"}
 """Short forms of option names in labels."""
@@ -61,6 +67,22 @@ def short_label(folder: str, method_name: str, options: dict[str, Any]) -> str:
     if not changed:
         return folder_label(folder)
     return f"{method_name} (" + ", ".join(f"{SHORT.get(k, k)}={show_value(v)}" for k, v in changed.items()) + ")"
+
+
+def resolved_options(cells: Iterable[CellResult]) -> dict[str, Any]:
+    """The options a configuration left unset, with the values its ``cells`` ran with (the ``method_resolved`` of the
+    first cell whose ``metrics.json`` records them, e.g. ``{"sink": 128, "local": 2048}``); {} where none does (a run
+    written before the runner recorded them, or a method whose unset options defer to no file)."""
+    for cell in cells:
+        metrics = (cell.cell.metrics() if cell.cell is not None else None) or {}
+        if isinstance(resolved := metrics.get("method_resolved"), dict) and resolved:
+            return resolved
+    return {}
+
+
+def ran_with(cells: Iterable[CellResult]) -> str:
+    """`resolved_options` as a legend shows them, ``mode=fa-ssa, sink=16, local=256``; ``–`` for none."""
+    return ", ".join(f"{k}={show_value(v)}" for k, v in resolved_options(cells).items()) or "–"
 
 
 def folder_label(folder: str) -> str:

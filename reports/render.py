@@ -3,7 +3,8 @@ self-contained page: jinja2, plots embedded as ``data:`` URIs, sortable tables, 
 
 Design decisions:
 - Both files show the same tables in the same order, grouped under the same headings: summary and frontiers,
-  adaptive sparsity and routing, one group per benchmark, paired differences, configurations (the legend of
+  adaptive sparsity and routing, the published figures a configuration reproduces, the sparsity within δ of full
+  attention, one group per benchmark, paired differences, configurations (the legend of
   labels), then the excluded and failed cells, failures folded once per distinct error message.
 - Provenance (versions, git hashes with their ``-dirty`` mark, source digests, devices, backends, dates) is read
   from the cells' ``metrics.json``.
@@ -26,8 +27,10 @@ from elastic_bench.foundation.files import atomic_path, write_text
 
 from . import plots, tables
 from .collect import CellResult
-from .labels import folder_label
+from .free_sparsity import DELTA, free_sparsity
+from .labels import folder_label, ran_with
 from .page import TEMPLATE
+from .published import load_published, matches
 from .summary import Comparison
 from .tables import Table, escape, slug
 
@@ -43,13 +46,14 @@ class Group:
     notes: list[str] = field(default_factory=list)
 
 
-def groups(comparison: Comparison) -> list[Group]:
-    """The headings of one comparison, with their tables and plots, in the order both files show them."""
+def groups(comparison: Comparison, delta: float = DELTA) -> list[Group]:
+    """The headings of one comparison, with their tables and plots, in the order both files show them (``delta``: the
+    δ in score points of the sparsity-for-free table)."""
     if not comparison.configs:
         return []
     base = slug(comparison.title)
     if not comparison.keys:  # no cell that every configuration completed: only the legend
-        return [Group(f"{base}-configurations", "Configurations", [tables.legend(comparison)])]
+        return [Group(f"{base}-configurations", "Configurations", [legend(comparison)])]
     summary = Group(f"{base}-summary", "Summary and Pareto frontiers", [tables.overview(comparison)],
                     [plots.frontier(comparison, f.axis, base) for f in comparison.frontiers],
                     [comparison.speedup_note] if comparison.speedup_note else [])
@@ -60,13 +64,30 @@ def groups(comparison: Comparison) -> list[Group]:
                      [plots.sparsity_by_category(comparison, base), plots.sparsity_by_task(comparison, base),
                       *(plots.routing_map(comparison, c, base, i) for i, c in enumerate(routers))])
     found = [summary, adaptive]
+    if reproduced := matches(comparison):
+        found.append(Group(f"{base}-reproduction", "Reproduction of published figures",
+                           [tables.reproduction(reproduced, load_published().paper)]))
+    if free := free_sparsity(comparison, delta):
+        found.append(Group(f"{base}-free-sparsity", "Sparsity within δ of full attention",
+                           [tables.free_sparsity_table(free)]))
     for name, benchmark_tables in tables.benchmark_tables(comparison):
         curve = plots.length_curves(comparison, name, base)
         found.append(Group(f"{base}-{slug(name)}", name, benchmark_tables, [curve] if curve else []))
     if len(comparison.configs) > 1:
         found.append(Group(f"{base}-pairs", "Paired differences", [tables.pair_differences(comparison)]))
-    found.append(Group(f"{base}-configurations", "Configurations", [tables.legend(comparison)]))
+    found.append(Group(f"{base}-configurations", "Configurations", [legend(comparison)]))
     return found
+
+
+def legend(comparison: Comparison) -> Table:
+    """`tables.legend`, with the options each configuration left unset as it ran with them (`labels.ran_with`: an
+    elastic router's mode and streaming geometry) where any cell records them."""
+    table = tables.legend(comparison)
+    shown = {c.label: ran_with(c.cells.values()) for c in comparison.configs}
+    if set(shown.values()) != {"–"}:
+        column = table.frame.columns.get_loc("unset") + 1
+        table.frame.insert(column, "unset, as run", [shown[label] for label in table.frame.index])
+    return table
 
 
 def _where(cell: CellResult) -> str:
@@ -180,18 +201,19 @@ def render_html(built: Built, source: str, stamp: str) -> str:
                                             provenance=_html_table(provenance([c for c, _ in built])))
 
 
-def write_report(comparisons: list[Comparison], output: str | Path, source: str) -> list[Path]:
+def write_report(comparisons: list[Comparison], output: str | Path, source: str, delta: float = DELTA) -> list[Path]:
     """Write ``report.md``, its PNG plots and ``report.html`` into ``output``; returns the written paths.
 
     Args:
         comparisons: from `summarize` (one run) or `compare` (several).
         output: the report folder (created if missing).
         source: what the results are, for the page's header (a run folder, or several).
+        delta: δ in score points of the sparsity-for-free table (`free_sparsity`).
     """
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    built = [(comparison, groups(comparison)) for comparison in comparisons]
+    built = [(comparison, groups(comparison, delta)) for comparison in comparisons]
     written = []
     for _, found in built:
         for group in found:

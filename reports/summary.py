@@ -154,11 +154,12 @@ class Comparison:
         return found
 
 
-def paired_scores(a: Config, b: Config) -> tuple[np.ndarray, np.ndarray]:
-    """Per-sample scores (percent) of ``a`` and ``b`` on the samples both scored, matched by (task, length, id):
-    two float arrays ``[n]``."""
-    left = {(*k, s.id): s.score for k, c in a.cells.items() for s in c.samples}
-    right = {(*k, s.id): s.score for k, c in b.cells.items() for s in c.samples}
+def paired_scores(a: Config, b: Config, keys: list[Key] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample scores (percent) of ``a`` and ``b`` on the samples both scored, matched by (task, length, id),
+    within the cells ``keys`` (None: all of them): two float arrays ``[n]``."""
+    keep = set(a.cells if keys is None else keys)
+    left = {(*k, s.id): s.score for k, c in a.cells.items() if k in keep for s in c.samples}
+    right = {(*k, s.id): s.score for k, c in b.cells.items() if k in keep for s in c.samples}
     shared = sorted(left.keys() & right.keys())
     return np.array([left[k] for k in shared], dtype=float), np.array([right[k] for k in shared], dtype=float)
 

@@ -6,6 +6,7 @@ Design decisions:
   cell) with pandas ``pivot_table`` / ``groupby``; means weigh cells equally, as the summaries do.
 - Numbers are formatted per kind of value, the same everywhere (`FORMATS`): scores in percent with 2 decimals,
   sparsities and seconds with 3, speedups and throughputs with 2; a missing value is ``–``.
+- Published figures (`published`) and the sparsity within δ of full attention (`free_sparsity`) get a table each.
 - Per benchmark: score, ΩMSR and ΩESR per task (tasks as rows, configurations as columns) with the category means
   and the benchmark's average, and the benchmark's breakdown per configuration (`benchmarks.Benchmark`); RULER adds
   its task × length matrix with the average per length.
@@ -21,7 +22,9 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from .benchmarks import benchmark_of
+from .free_sparsity import FreeSparsity
 from .labels import folder_label, folder_options, show_value
+from .published import Match
 from .summary import BASELINE, Comparison
 
 FORMATS = {"score": "{:.2f}", "sparsity": "{:.3f}", "seconds": "{:.3f}", "speedup": "{:.2f}", "delta": "{:+.2f}",
@@ -257,3 +260,50 @@ def legend(comparison: Comparison) -> Table:
                  note="Unset options take the method's default, which for a method with a learned file is that file's "
                       "own (elastic: the router checkpoint's mode and streaming geometry). Learned files are named as "
                       "their result folder names them and known by their SHA-256.")
+
+
+def reproduction(found: list[Match], paper: str) -> Table:
+    """The published figures ``found`` matched beside their measured values (`published.matches`), with the
+    difference measured − published."""
+    rows = {}
+    for m in found:
+        where = f"@ {m.length}" if m.length is not None else "average"
+        figure = m.figure
+        rows[f"{m.label} · {figure.benchmark} {where}"] = {
+            "measured": m.measured, "published": figure.score, "Δ (measured − published)": m.difference,
+            "ΩMSR measured": m.measured_msr, "ΩMSR published": figure.omega_msr, "cells": m.cells,
+            "source": figure.source + (f" ({figure.note})" if figure.note else ""),
+        }
+    frame = pd.DataFrame.from_dict(rows, orient="index").rename_axis("configuration · figure")
+    return Table("reproduction", "Reproduction: published figures beside the measured ones", frame,
+                 kinds={"Δ (measured − published)": "delta", "ΩMSR measured": "sparsity",
+                        "ΩMSR published": "sparsity", "cells": "count", "source": "text"},
+                 note=f"Published: {paper}. A configuration matches a figure when its model and method are the "
+                      "figure's, a sparse method ran under the elastic-paper preset (Elastic in the figure's mode) and "
+                      "the comparable cells hold every task the figure averages at its length; measured is the mean "
+                      "of those cells (`elastic_bench.reports.published`).")
+
+
+def free_sparsity_table(found: list[FreeSparsity]) -> Table:
+    """Per method and task category, the largest ΩESR within δ of full attention (`free_sparsity.free_sparsity`),
+    with the intervals of its ΩESR and of its score difference."""
+    rows = {}
+    for f in found:
+        esr = f.omega_esr
+        rows[f"{f.method} · {f.category}"] = {
+            "configuration": f.label or f"none within δ (least degraded: Δ low {f.difference.low:+.2f})",
+            "ΩESR": esr.mean if esr else None, "ΩESR 95% low": esr.low if esr else None,
+            "ΩESR 95% high": esr.high if esr else None, "Δ score vs full": f.difference.mean,
+            "Δ 95% low": f.difference.low, "Δ 95% high": f.difference.high, "samples": f.difference.n,
+            "configurations": f.tried,
+        }
+    frame = pd.DataFrame.from_dict(rows, orient="index").rename_axis("method · category")
+    delta = found[0].delta if found else 0.0
+    return Table("free-sparsity", f"Sparsity for free: the largest ΩESR within δ = {delta:g} score points of full "
+                 "attention", frame, kind="sparsity",
+                 kinds={"configuration": "text", "Δ score vs full": "delta", "Δ 95% low": "delta",
+                        "Δ 95% high": "delta", "samples": "count", "configurations": "count"},
+                 note="Per method and task category, among its configurations whose score minus full attention's has "
+                      f"a 95% paired-bootstrap interval (matched samples) reaching no lower than −{delta:g}, the one "
+                      "with the largest mean ΩESR, with the 95% bootstrap interval of that ΩESR "
+                      "(`elastic_bench.reports.free_sparsity`).")

@@ -16,7 +16,8 @@ else the ``ELASTIC_BENCH_DATA`` environment variable. Files are looked up at fix
 The hub is used only where it holds the very file the official code reads, or the same records in rows that convert
 back to the official structure (SQuAD, HotpotQA; needs the ``datasets`` package: ``pip install elastic-bench[hub]``);
 nothing is ever substituted. A file that cannot be found raises `FileNotFoundError` saying which file to provide and
-where.
+where. A run knows a task's results by what its corpus files hold (`identities`: their SHA-256, or a hub dataset's
+commit), never by where they lie.
 """
 
 from __future__ import annotations
@@ -96,3 +97,28 @@ def fetch(source: Source, data_dir: str | Path | None) -> Path:
     where = " or ".join(str(root / p) if root else f"<data dir>/{p}" for p in source.paths)
     unset = "" if root else f"; no data directory is set: pass --data-dir or set {ENV_VAR}"
     raise FileNotFoundError(f"{source.description} not found{hub_note}: provide {where}{unset}. {source.how}")
+
+
+def identity(source: Source, data_dir: str | Path | None) -> str | None:
+    """What a cell that reads ``source`` is known by (its fingerprint's ``data``): the SHA-256 of the file it reads
+    (under the data directory, else the hub copy, fetched as `fetch` does; a folder: over its files), or for hub rows
+    ``<repo>@<commit>`` (`elastic_bench.results.digests.hub_revision`); None when it cannot be found (the cell then
+    fails, naming the file to provide)."""
+    from elastic_bench.foundation.files import digest
+    from elastic_bench.results.digests import cached_digest, hub_revision
+
+    try:
+        path = fetch(source, data_dir)
+    except FileNotFoundError:
+        if source.hub_rows is None:
+            return None
+        online = os.environ.get("HF_HUB_OFFLINE", "").upper() not in ("1", "ON", "YES", "TRUE")
+        commit = hub_revision(source.hub_rows[0], "dataset", online)
+        return f"{source.hub_rows[0]}@{commit}" if commit else None
+    return digest(path) if path.is_dir() else cached_digest(path)
+
+
+def identities(sources: tuple[Source, ...], data_dir: str | Path | None) -> dict[str, str | None]:
+    """`identity` of each of ``sources`` (a task's corpus files), by the source's first path under the data
+    directory."""
+    return {source.paths[0]: identity(source, data_dir) for source in sources}

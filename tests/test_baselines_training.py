@@ -11,9 +11,17 @@ import torch
 
 from elastic_bench import apply, get_method
 from elastic_bench.baselines.gates import binarize
+from elastic_bench.baselines.training.base import fit_to_model, fit_window
 from elastic_bench.baselines.training.duo import DuoTrainConfig, TwoWay, lr_factor, train_duo
 from elastic_bench.baselines.training.mixing import GatedHeads, GateRoute
-from elastic_bench.baselines.training.passkeys import NATO, PasskeyData, PasskeySamples
+from elastic_bench.baselines.training.passkeys import (
+    NATO,
+    PasskeyData,
+    PasskeySamples,
+    PromptPieces,
+    fit_passkeys,
+    passkey_tokens,
+)
 from elastic_bench.baselines.training.prulong import (
     PruLongTrainConfig,
     binary_masks,
@@ -60,6 +68,89 @@ def test_passkey_data_refuses_what_cannot_fit(tiny_models):
         PasskeyData(num_passkeys=21)
     with pytest.raises(FileNotFoundError, match="--haystack"):
         PasskeyData(haystack="/no/such/corpus.txt")
+
+
+def test_unset_options_fit_the_model_and_keep_upstream_values_where_they_fit(tiny_models):
+    _, tokenizer = tiny_models["llama"]
+    pieces = PromptPieces(tokenizer)
+    long = fit_passkeys(PasskeyData(), tokenizer, positions=1 << 18)
+    assert (long.max_length, long.num_passkeys, long.passkey_length) == (32000, 10, 32)  # upstream's
+    assert long.min_length >= passkey_tokens(pieces, NATO, 10, 32) and long.min_length % 16 == 0
+    short = fit_passkeys(PasskeyData(), tokenizer, positions=1024)
+    assert short.max_length == 1024 and short.passkey_length == 32 and 1 <= short.num_passkeys < 10
+    assert passkey_tokens(pieces, NATO, short.num_passkeys, 32) <= 512 < passkey_tokens(  # as many as fit in half
+        pieces, NATO, short.num_passkeys + 1, 32)
+    sample = PasskeySamples(short, tokenizer, 0, 1).sample(0, 0, length=short.min_length)
+    assert len(sample.input_ids) <= short.min_length
+    tiny = fit_passkeys(PasskeyData(), tokenizer, positions=256)
+    assert tiny.num_passkeys == 1 and tiny.passkey_length < 32  # one passkey, then shorter ones
+    given = fit_passkeys(PasskeyData(min_length=4000, num_passkeys=3), tokenizer, positions=8192)
+    assert (given.min_length, given.max_length, given.num_passkeys, given.passkey_length) == (4000, 8192, 3, 32)
+    assert fit_window(None, None, (128, 256), 32000) == (128, 256)
+    assert fit_window(None, None, (128, 1024), 4096) == (128, 1024)
+    assert fit_window(None, None, (128, 1024), 1024) == (32, 256)  # halved to half of the longest sample
+    assert fit_window(16, None, (128, 1024), 1024) == (16, 256)
+    fitted, chosen = fit_to_model(PruLongTrainConfig(model="tiny:llama"), tokenizer)
+    assert chosen["kind"] == "text" and fitted.data.num_passkeys is None  # PruLong's paper data: natural text
+    fitted, chosen = fit_to_model(PruLongTrainConfig(model="tiny:llama", data=PasskeyData(kind="passkeys")), tokenizer)
+    assert "kind" not in chosen and fitted.data.num_passkeys == 10 and (fitted.sink, fitted.local) == (128, 1024)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model, longest", [("tiny:llama", 32000), ("testbed", 4096)])
+def test_train_duo_with_only_model_and_output_fits_the_model(model, longest, tmp_path, capsys):
+    output = tmp_path / "duo"
+    assert main(["train-duo", "--model", model, "--output", str(output), "--steps", "1", "--no-progress"]) == 0
+    chosen = capsys.readouterr().out.splitlines()[0]
+    assert chosen.startswith(f"train-duo chose for {model}: --min-length ")
+    assert (f"--max-length {longest} --num-passkeys 10 --passkey-length 32 --data passkeys --sink 128 "
+            "--local-window 256") in chosen
+    settings = json.loads((output / "config.json").read_text())
+    assert f"--min-length {settings['data']['min_length']} " in chosen and settings["local"] == 256
+
+
+def test_train_prulong_with_only_model_and_output_narrows_its_window_for_a_short_context(tmp_path, capsys):
+    args = ["train-prulong", "--model", "testbed", "--output", str(tmp_path / "pl"), "--max-length", "1024",
+            "--steps", "1", "--batch-size", "1", "--no-progress"]
+    assert main(args) == 0
+    assert capsys.readouterr().out.splitlines()[0] == ("train-prulong chose for testbed: --data text --sink 32 "
+                                                       "--local-window 256")  # natural text: no passkeys to fit
+    settings = json.loads((tmp_path / "pl" / "config.json").read_text())
+    assert settings["data"]["kind"] == "text" and settings["text_tokens"] == 4 * 1024
+
+
+def test_given_values_that_cannot_hold_are_refused_in_one_line_before_the_model_loads(monkeypatch, capsys):
+    def loaded(*args, **kwargs):
+        raise AssertionError("the model loaded")
+
+    monkeypatch.setattr("elastic_bench.modeling.loading.load_model", loaded)
+    refused = {
+        ("--min-length", "5000"): "--min-length 5000 exceeds --max-length 4096 (chosen for the model)",
+        ("--num-passkeys", "20", "--passkey-length", "32", "--max-length", "1000"): "20 passkeys of 32 words and",
+        ("--min-length", "500", "--num-passkeys", "10"): "min_length 500 is below the",
+        ("--max-length", "9000"): "exceeds the 4096 positions of testbed",
+    }
+    for flags, message in refused.items():
+        assert main(["train-duo", "--model", "testbed", *flags]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_text_rows_are_consecutive_haystack_tokens_with_the_loss_on_every_token(tiny_models):
+    _, tokenizer = tiny_models["llama"]
+    data = PasskeyData(kind="text", max_length=256)
+    samples = PasskeySamples(data, tokenizer, seed=1, per_step=2)
+    stream = samples.haystack_tokens
+    bos = tokenizer.encode("", add_special_tokens=True)
+    rows = samples[0] + samples[1]
+    for row in rows:
+        ids = row.input_ids.tolist()
+        assert len(ids) == 256 and row.answer_start == 0 and bool(row.answer_mask().all())
+        body = ids[len(bos):]
+        assert any(stream[i:i + len(body)] == body for i in range(len(stream) - len(body) + 1))
+    assert len({tuple(r.input_ids.tolist()) for r in rows}) == 4  # seeded offsets differ
+    assert torch.equal(PasskeySamples(data, tokenizer, seed=1, per_step=2)[1][0].input_ids, rows[2].input_ids)
+    assert fit_passkeys(PasskeyData(kind="text"), tokenizer, positions=2048).num_passkeys is None  # nothing to fit
 
 
 def test_haystack_files_and_the_testbed_tokenizer(tmp_path, tiny_models):
@@ -135,6 +226,14 @@ def test_train_duo_moves_alpha_and_its_file_drives_duo_attention(tmp_path, tiny_
         train_duo(_duo_config(reg_weight=0.5), options)
 
 
+def test_duo_gates_are_bf16_parameters_unless_asked_for_fp32(tmp_path):
+    for dtype, bf16_exact in (("bfloat16", True), ("float32", False)):
+        gates, _ = train_duo(_duo_config(gate_dtype=dtype), RunOptions(output=str(tmp_path / dtype), progress=False))
+        assert (gates < 1.0).all()  # every gate moved
+        rounded = torch.from_numpy(gates).to(torch.bfloat16).double().numpy()
+        assert np.array_equal(rounded, gates) == bf16_exact  # upstream's released gates are bf16-exact
+
+
 def test_duo_attention_with_every_gate_one_equals_full(tmp_path, tiny_models):
     model, tokenizer = tiny_models["qwen3"]
     path = tmp_path / "full_attention_heads.tsv"
@@ -166,8 +265,6 @@ def test_train_prulong_moves_toward_its_target_and_exports_binary_masks(tmp_path
 
 
 def test_gate_commands_check_their_inputs_before_loading(capsys):
-    assert main(["train-duo", "--model", "testbed", "--max-length", "9000"]) == 2
-    assert "exceeds the 4096 positions of testbed" in capsys.readouterr().err
     assert main(["train-prulong", "--target", "1.5"]) == 2
     assert "target must lie in [0, 1)" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:

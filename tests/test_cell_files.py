@@ -83,6 +83,35 @@ def test_an_edited_score_computes_the_cell_again(out, computed, score, capsys):
     assert cell.metrics()["score"] == _cell(computed).metrics()["score"]
 
 
+def test_an_empty_buckets_nan_score_proves_itself(out):
+    cell = _cell(out)
+    metrics = cell.metrics()
+    cell.metrics_path.write_text(json.dumps({**metrics, "score_8k+": math.nan}))
+
+    def buckets(records):  # an official aggregation with a bucket no sample falls in
+        return {"score": metrics["score"], "score_8k+": math.nan}
+
+    assert cell.verify(buckets) is None
+    cell.metrics_path.write_text(json.dumps({**metrics, "score_8k+": 12.5}))
+    assert "scores its predictions do not give (score_8k+)" in cell.verify(buckets)
+
+
+@pytest.mark.parametrize("score", [0.5, math.nan])
+def test_a_report_given_the_tasks_aggregations_refuses_an_edited_score(out, score):
+    from elastic_bench import tasks
+    from elastic_bench.reports import load_cells
+
+    def aggregations(name: str):
+        return tasks.get(name).aggregate if name in tasks.names() else None
+
+    (proven,) = load_cells(out, aggregations=aggregations)
+    assert proven.complete and proven.score == _cell(out).metrics()["score"]
+    cell = _cell(out)
+    cell.metrics_path.write_text(json.dumps({**cell.metrics(), "score": score}))
+    (edited,) = load_cells(out, aggregations=aggregations)
+    assert not edited.complete and "scores its predictions do not give (score)" in edited.error
+
+
 @pytest.mark.parametrize("fingerprint", [{}, [], "seed 42"])
 @pytest.mark.parametrize("complete", [True, False])
 def test_an_empty_or_malformed_fingerprint_is_a_conflict(out, fingerprint, complete, capsys):

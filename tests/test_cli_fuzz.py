@@ -13,6 +13,8 @@ import argparse
 import dataclasses
 import hashlib
 import random
+import re
+import sys
 import types
 import typing
 from pathlib import Path
@@ -22,13 +24,16 @@ import yaml
 
 from elastic_bench import cli
 
-CASES = 200
+CASES = 260
 SEED = 2024
-COMMANDS = ["run", "report", "bench kernel", "train-router", "train-duo", "train-prulong", "testbed train",
-            "testbed data", "testbed eval", "testbed heads", "testbed probe", "methods", "tasks"]
-WEIGHTS = [5, 2, 1, 2, 1, 1, 1, 1, 1, 1, 1, 0.5, 0.5]  # how often each command is drawn: run has the most inputs
-FOLDER_OUTPUT = {"run", "train-router", "train-duo", "train-prulong", "testbed train", "report"}  # --output: a folder
-FILE_OUTPUT = {"bench kernel", "testbed data", "testbed eval", "testbed heads"}  # --output is a file
+COMMANDS = ["run", "report", "compare", "bench kernel", "bench prefill", "bench decode", "records", "train-router",
+            "train-duo", "train-prulong", "testbed train", "testbed data", "testbed eval", "testbed heads",
+            "testbed probe", "methods", "tasks"]
+WEIGHTS = [5, 2, 1, 1, 1.5, 1.5, 1.5, 2, 1, 1, 1, 1, 1, 1, 1, 0.5, 0.5]  # how often each is drawn: run has most inputs
+FOLDER_OUTPUT = {"run", "train-router", "train-duo", "train-prulong", "testbed train", "report", "compare"}
+FILE_OUTPUT = {"bench kernel", "bench prefill", "bench decode", "records", "testbed data", "testbed eval",
+               "testbed heads"}  # --output is a file
+RUN_FOLDERS = {"report": 1, "compare": 2}  # commands that take run folders as arguments: how many a case gives
 # What each type of option is given when it is wrong (every one fails its option's conversion).
 WRONG = {
     "an integer": ["abc", "1.5", "4KK", "1e3", "0x10", "K", "twelve"],
@@ -41,6 +46,15 @@ WRONG = {
 OUT_OF_RANGE = {
     "run": [("--limit", "0"), ("--lengths", "0"), ("--lengths", "640,-8"), ("--backend", "bogus")],
     "bench kernel": [("--seed", "-5"), ("--cells", "bogus")],
+    "bench prefill": [("--omega-msr", "1.5"), ("--density", "0"), ("--repeats", "0"), ("--seed", "-1"),
+                      ("--lengths", "0"), ("--methods", "nope"), ("--backend", "bogus"), ("--router", "/no/such"),
+                      ("--pattern", "/no/such")],
+    "bench decode": [("--omega-msr", "2"), ("--kv-caches", "bogus"), ("--steps", "0"), ("--warmup", "-1"),
+                     ("--bandwidth", "-1"), ("--max-memory", "0"), ("--generate", "0"), ("--methods", "nope"),
+                     ("--lengths", "1")],
+    "records": [("--samples", "0"), ("--min-length", "0"), ("--max-length", "-1"), ("--lengths", "0"),
+                ("--tasks", "nope"), ("--seed", "-1"), ("--corpus", "/no/such"), ("--model", "nope"),
+                ("--lengths", "99999999")],
     "train-router": [("--seed", "-5"), ("--steps", "0"), ("--max-minutes", "-1"), ("--xa-threshold", "2")],
     "train-duo": [("--steps", "0"), ("--initial-value", "2"), ("--num-passkeys", "30"), ("--min-depth", "-1")],
     "train-prulong": [("--target", "1"), ("--batch-size", "0"), ("--sparsity-warmup", "2"), ("--local-window", "0")],
@@ -118,7 +132,9 @@ def well_typed(rng: random.Random, command: str, option: Option, paths: dict[str
         return [option.flag, rng.choice(["sensitive=0.5", "robust=1", "niah_single=1"])]
     values = {
         "model": ["tiny:qwen3", "tiny:llama", "testbed"], "methods": ["full", "full,streaming", "streaming"],
-        "tasks": ["ruler_niah_single_1"] if command == "run" else ["niah_single", "niah_single,niah_multikey"],
+        "tasks": {"run": ["ruler_niah_single_1"], "records": ["passkey"]}.get(
+            command, ["niah_single", "niah_single,niah_multikey"]),
+        "kv_caches": ["evicting", "full,dynamic"], "router": ["untrained"],
         "device": ["cpu"], "data": ["synthetic"], "cells": ["dense", "dense,streaming"], "backends": ["reference"],
         "backend": ["auto", "reference"], "data_dir": [str(paths["scratch"] / "data")],
         "output": [str(paths["results"])] if command == "run" else [str(paths["scratch"] / "out")],
@@ -177,9 +193,9 @@ def make_case(rng: random.Random, command: str, options: list[Option], paths: di
         kinds += ["wrong type"] * 2
     if any(o.kind == "choice" for o in options):
         kinds.append("bad choice")
-    if any(o.kind == "switch" for o in options) and command != "report":
+    if any(o.kind == "switch" for o in options) and command not in RUN_FOLDERS:
         kinds.append("switch with a value")
-    if any(o.required for o in options) or command == "report":
+    if any(o.required for o in options) or command in RUN_FOLDERS:
         kinds.append("missing required")
     if "device" in by_dest:
         kinds += ["device"] * 2
@@ -189,12 +205,12 @@ def make_case(rng: random.Random, command: str, options: list[Option], paths: di
         kinds += ["out of range"] * 3
     if command == "run":
         kinds += ["-O"] * 4 + ["yaml"] * 4 + ["unknown name"] * 2 + ["missing config"]
-    if command == "report":
+    if command in RUN_FOLDERS:
         kinds += ["bad run folder"] * 3
     bad: list[list[str]] = []
     taken: set[str] = set()  # options the bad inputs set: the well-typed ones must not override them
     drop_required = False
-    run_dir: str | None = str(paths["results"])
+    run_dirs = [str(paths["results"])] * RUN_FOLDERS.get(command, 0)
     for kind in rng.sample(kinds, min(len(kinds), rng.choice([1, 1, 1, 2]))):
         if kind == "unknown option":
             word = rng.choice(["bogus", "frobnicate", "lenghts", "method", "verbose-mode", "x"])
@@ -214,7 +230,7 @@ def make_case(rng: random.Random, command: str, options: list[Option], paths: di
             bad.append([option.flag, rng.choice(["yes", "no", "maybe"])])
         elif kind == "missing required":
             drop_required = True
-            run_dir = None
+            run_dirs = []
         elif kind == "device" and "device" not in taken:
             bad.append(["--device", rng.choice(BAD_DEVICES)])
             taken.add("device")
@@ -240,8 +256,8 @@ def make_case(rng: random.Random, command: str, options: list[Option], paths: di
             option = rng.choice(["--methods", "--tasks"])
             bad.append([option, rng.choice(["full,nope", "nope", "strea ming", "ruler_nope"])])
             taken.add(option[2:])
-        elif kind == "bad run folder":
-            run_dir = str(rng.choice([paths["scratch"] / "absent", paths["file"], paths["empty"]]))
+        elif kind == "bad run folder" and run_dirs:
+            run_dirs[-1] = str(rng.choice([paths["scratch"] / "absent", paths["file"], paths["empty"]]))
     if not bad and not drop_required:  # every kind drawn was already taken: fall back to an unknown option
         bad.append([f"--bogus-{index}"])
     filler = [o for o in options if o.dest not in taken and o.kind != "special" and not o.required]
@@ -250,10 +266,7 @@ def make_case(rng: random.Random, command: str, options: list[Option], paths: di
         pieces += [well_typed(rng, command, o, paths) for o in options if o.required and o.dest not in taken]
     pieces += bad
     rng.shuffle(pieces)
-    words = command.split()
-    if command == "report" and run_dir is not None:
-        words.append(run_dir)
-    return words + [w for piece in pieces for w in piece]
+    return command.split() + run_dirs + [w for piece in pieces for w in piece]
 
 
 def digest(folder: Path) -> dict[str, str]:
@@ -289,7 +302,7 @@ def test_malformed_command_lines_end_in_one_line_before_any_model_loads(paths, c
         return stop
 
     for target in ("elastic_bench.modeling.loading.load_model", "elastic_bench.evaluation.runner.run",
-    "elastic_bench.method.trainer.train",
+                   "elastic_bench.method.trainer.train", "elastic_bench.method.router_records.router_records",
                    "elastic_bench.testbed.training.train.train", "elastic_bench.kernels.bench.run_kernel_bench",
                    "elastic_bench.testbed.training.records.write_records", "elastic_bench.reports.write_report"):
         monkeypatch.setattr(target, reached(target))
@@ -317,3 +330,49 @@ def test_malformed_command_lines_end_in_one_line_before_any_model_loads(paths, c
             before = digest(paths["results"])
     assert not any(paths["scratch"].glob("out*")) and not any(paths["folder"].iterdir())
     assert not failures, f"{len(failures)} of {CASES} cases:\n" + "\n".join(failures)
+
+
+# ``lm-eval``'s arguments are lm-eval's own: its parser refuses them (a usage line, then its error) and it logs its
+# progress to stderr. What elastic-bench checks is the `elastic` model's arguments, refused before any model loads.
+LM_EVAL_FIXTURES = Path(__file__).parent / "fixtures" / "lm_eval"
+LM_EVAL_CASES = [
+    ["run", "--model", "elastic", "--bogus-option"],
+    ["bogus-command"],
+    ["run", "--model", "elastic", "--model_args", "pretrained=tiny:llama", "--tasks", "no_such_task"],
+    *(["run", "--model", "elastic", "--model_args", f"pretrained=tiny:llama,{args}", "--tasks", "toy_generate"]
+      for args in ("methd=streaming", "method=nope", "method=streaming,method_local=many", "dtype=float33",
+                   "method=streaming,method_local=0")),
+]
+LM_EVAL_LOG = re.compile(r"^(usage: lm-eval |\d{4}-\d\d-\d\d:\d\d:\d\d:\d\d (INFO|WARNING) )")
+
+
+def test_malformed_lm_eval_command_lines_end_in_their_error_before_any_model_loads(paths, capsys, monkeypatch):
+    pytest.importorskip("lm_eval")
+    from elastic_bench.evaluation import lm_eval_bridge
+
+    def reached(*args, **kwargs):
+        raise Reached("load_model")
+
+    monkeypatch.setattr(lm_eval_bridge, "load_model", reached)
+    monkeypatch.setattr("sys.argv", list(sys.argv))  # the bridge hands lm-eval its arguments through sys.argv
+    before = digest(paths["results"])
+    failures = []
+    for case in LM_EVAL_CASES:
+        argv = ["lm-eval", *case, "--include_path", str(LM_EVAL_FIXTURES), "--output_path",
+                str(paths["scratch"] / "lm-eval")]
+        try:
+            code = cli.main(argv)
+        except SystemExit as exit_:
+            code = exit_.code
+        except Reached:
+            failures.append(f"{argv}: reached load_model (the case was not refused)")
+            continue
+        out, err = capsys.readouterr()
+        lines = err.strip().splitlines()
+        if code != 2 or "Traceback" in err + out or not lines or not re.match(r"(elastic-bench|lm-eval): error: ",
+                                                                               lines[-1]):
+            failures.append(f"{argv}: exit {code}, stderr {err!r}")
+        elif not all(LM_EVAL_LOG.match(line) for line in lines[:-1]):
+            failures.append(f"{argv}: lines besides lm-eval's own and the error: {err!r}")
+    assert digest(paths["results"]) == before and not (paths["scratch"] / "lm-eval").exists()
+    assert not failures, "\n".join(failures)

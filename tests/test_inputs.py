@@ -192,9 +192,9 @@ def test_train_router_refuses_a_corrupt_training_state_in_one_line(tmp_path, cap
     from elastic_bench.training.engine import STATE_TENSORS
 
     (tmp_path / STATE_TENSORS).write_bytes(b"garbage")
-    code, err = main(["train-router", "--model", "tiny:qwen3", "--output", tmp_path, "--steps", "1", "--pack-tokens",
-                      "512", "--synthetic-samples", "4", "--eval-samples", "1", "--device", "cpu", "--no-progress"],
-                     capsys)
+    code, err = main(["train-router", "--model", "tiny:qwen3", "--data", "synthetic", "--output", tmp_path, "--steps",
+                      "1", "--pack-tokens", "1024", "--synthetic-samples", "4", "--eval-samples", "1", "--device",
+                      "cpu", "--no-progress"], capsys)
     assert code == 2
     assert one_line(err).startswith(f"elastic-bench: error: {tmp_path / STATE_TENSORS} is corrupt or truncated")
     assert (tmp_path / STATE_TENSORS).read_bytes() == b"garbage"

@@ -274,9 +274,9 @@ def test_two_processes_on_gloo_give_the_same_router_as_one(tmp_path):
     """torchrun with 2 CPU ranks (gloo, FSDP2 over the backbone) on the same global batch as one process."""
     from safetensors.torch import load_file
 
-    args = ["train-router", "--model", "tiny:qwen3", "--steps", "3", "--rows-per-step", "2", "--pack-tokens", "1024",
-            "--sink", "4", "--local-window", "32", "--granularity", "token", "--device", "cpu", "--router-lr", "1e-2",
-            "--target", "sensitive=0.3", "--target", "robust=1.0"]
+    args = ["train-router", "--model", "tiny:qwen3", "--data", "synthetic", "--steps", "3", "--rows-per-step", "2",
+            "--pack-tokens", "1024", "--sink", "4", "--local-window", "32", "--granularity", "token", "--device", "cpu",
+            "--router-lr", "1e-2", "--target", "sensitive=0.3", "--target", "robust=1.0"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     one = subprocess.run([sys.executable, "-m", "elastic_bench", *args, "--output", str(tmp_path / "one")],
                          env=env, capture_output=True, text=True, timeout=300)

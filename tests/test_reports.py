@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from elastic_bench import cli
-from elastic_bench.reports import compare, load_cells, pareto_front, run_names, summarize, write_report
+from elastic_bench.reports import compare, load_cells, pareto_front, render, run_names, summarize, write_report
 from elastic_bench.reports.labels import folder_options, short_label
 from elastic_bench.reports.tables import adaptive_sparsity, benchmark_tables, legend, pair_differences
 from elastic_bench.results.store import Cell
@@ -24,14 +24,16 @@ def _row(md: str, first: str, after: str = "") -> list[str]:
 
 
 def _cell(root, method, task, length, score, esr, prefill, status="complete", model="m", device="NVIDIA H200",
-          backend="split", options=None, category=None, scores=None, artifacts=None, git_hash="abc123"):
-    """A cell as the runner writes it, through the results store (its predictions' count, ids and digest recorded)."""
+          backend="split", options=None, category=None, scores=None, artifacts=None, git_hash="abc123", resolved=None):
+    """A cell as the runner writes it, through the results store (its predictions' count, ids and digest recorded);
+    ``resolved``: the unset options as the method ran with them."""
     cell = Cell(root, model, method, task, length)
     cell.dir.mkdir(parents=True, exist_ok=True)
     metrics = {"status": status, "num_samples": 4, "device": device, "backend_used": backend,
                "method": method.split("-")[0], "method_options": options or {}, "versions": {"torch": "2.9"},
                "fingerprint": {"method": method.split("-")[0], "artifacts": artifacts or {}},
-               "git_hash": git_hash, "source_digest": "5ca1ab1e0ddba11s", "date": "2026-01-01T00:00:00+00:00"}
+               "git_hash": git_hash, "source_digest": "5ca1ab1e0ddba11s", "date": "2026-01-01T00:00:00+00:00",
+               **({"method_resolved": resolved} if resolved else {})}
     if status == "complete":
         meta = {"length": length, **({"category": category} if category else {})}
         for i, s in enumerate(scores or [score / 100] * 4):
@@ -272,6 +274,24 @@ def test_the_legend_of_a_two_router_run_tells_the_routers_apart(tmp_path):
     assert frame.loc["elastic (router=sensitive_0.9)", "options"] == "seed=0"  # no `mode=None`
     assert frame.loc["elastic (router=sensitive_0.9)", "unset"] == "mode, sink, local"
     assert len(frame.drop_duplicates()) == len(frame)  # no two rows alike
+
+
+def test_the_legend_shows_the_geometry_each_router_ran_with(tmp_path):
+    """Two routers whose checkpoints set different streaming geometries: the legend shows what each ran with."""
+    options = {"mode": None, "sink": None, "local": None, "seed": 0}
+    for target, local in (("0.6", 256), ("0.9", 512)):
+        _cell(tmp_path, f"elastic-router=sensitive_{target}", "t", 1024, 98.0, 0.5, 1.0, options=options,
+              artifacts={"router": "0" * 64}, resolved={"mode": "fa-ssa", "sink": 16, "local": local})
+    _cell(tmp_path, "full", "t", 1024, 99.0, 0.0, 2.0)
+    (comparison,) = summarize(load_cells(tmp_path))
+    frame = render.legend(comparison).frame
+    assert list(frame["unset, as run"]) == ["–", "mode=fa-ssa, sink=16, local=256", "mode=fa-ssa, sink=16, local=512"]
+    write_report([comparison], tmp_path / "out", source="x")
+    assert "mode=fa-ssa, sink=16, local=512" in (tmp_path / "out" / "report.md").read_text()
+    plain = tmp_path / "plain"  # cells that record none (runs before the runner did): no such column
+    for method in ("full", "streaming"):
+        _cell(plain, method, "t", 1024, 99.0, 0.0, 2.0)
+    assert "unset, as run" not in render.legend(summarize(load_cells(plain))[0]).frame
 
 
 def test_provenance_shows_a_dirty_tree_and_the_source_digest(tmp_path):

@@ -169,7 +169,7 @@ def test_auto_batches_four_on_the_cpu_after_the_timed_prompts(tmp_path, counted_
     """``batch_size: auto`` is 4 on the CPU: after the one timed prompt, four run as a batch and the last one alone;
     prompts run alone are timed, the batched ones give the cell's throughput."""
     config = small_config(tmp_path, methods=["full"], lengths=[640], method_options={}, limit=6, batch_size="auto",
-                          timed_samples=1)
+                          device="cpu", timed_samples=1)
     run(config)
     cell = Cell(config.output, "tiny-qwen3", "full", "ruler_niah_single_1", 640)
     records, metrics = cell.predictions(), cell.metrics()

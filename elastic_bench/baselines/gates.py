@@ -43,6 +43,7 @@ from torch import nn
 from elastic_bench.foundation.files import read_table
 from elastic_bench.kernels import HeadPlan, Mode, StreamingGeometry
 from elastic_bench.modeling.interface import AttentionCall, Method
+from elastic_bench.modeling.tensor_parallel import kv_heads
 
 GATES_FILE = "full_attention_heads.tsv"  # DuoAttention's name, inside a pattern folder
 PATTERNS_DIR = Path(__file__).resolve().parent.parent / "data" / "duo_attention_patterns"
@@ -215,7 +216,8 @@ class HeadGates(Method):
         return replace(self._geometry, chunk_starts=starts)
 
     def _plan(self, call: AttentionCall, geometry: StreamingGeometry) -> HeadPlan:
-        row = self._modes[self._layer_row[call.layer_idx]]  # host modes: no device synchronisation
+        # host modes (no device synchronisation) of the KV heads the call holds (this rank's under tensor parallelism)
+        row = self._modes[self._layer_row[call.layer_idx], kv_heads(call.module)]
         return HeadPlan(row.expand(call.batch_size, -1), geometry)
 
     def extra_stats(self) -> dict[str, float]:

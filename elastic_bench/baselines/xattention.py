@@ -25,6 +25,7 @@ from elastic_bench.foundation.files import read_table
 from elastic_bench.kernels import HeadPlan, Mode, xattention_select
 from elastic_bench.kernels.xattention import Rule
 from elastic_bench.modeling.interface import AttentionCall, Method, register_method
+from elastic_bench.modeling.tensor_parallel import query_heads
 
 DEFAULT_THRESHOLD = 0.9  # the Elastic paper's τ, and the default of upstream's standalone estimate
 
@@ -99,8 +100,9 @@ class XAttention(Method):
             raise ValueError(f"{self.name}.thresholds: {self.thresholds} is {table.shape[0]} layers × "
                              f"{table.shape[1]} query heads; the model has {expected[0]} layers × {expected[1]} "
                              "query heads")
-        tau = torch.tensor(table, dtype=torch.float32, device=next(model.parameters()).device)
-        self._tau = {m.layer_idx: tau[row] for row, m in enumerate(modules)}
+        tau = torch.tensor(table, dtype=torch.float32)
+        # each layer's τ of the query heads its module holds (this rank's under tensor parallelism), on its device
+        self._tau = {m.layer_idx: tau[row, query_heads(m)].to(m.k_proj.weight.device) for row, m in enumerate(modules)}
 
     def teardown(self, model: nn.Module) -> None:
         self._tau = {}

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
+import shlex
 import shutil
 import textwrap
 from dataclasses import dataclass, field
@@ -42,20 +44,43 @@ class DemoConfig:
 
 
 @dataclass
+class MethodsConfig:
+    """``elastic-bench methods``.
+
+    Attributes:
+        preset: print what this settings preset sets (elastic-paper, upstream, official-code): every option, its value
+            and its source.
+    """
+
+    preset: str | None = None
+
+    def __post_init__(self):
+        if self.preset is not None:
+            from elastic_bench.evaluation.presets import get_preset
+
+            get_preset(self.preset)
+
+
+@dataclass
 class ReportConfig:
     """``elastic-bench report``.
 
     Attributes:
         run_dir: the run folder (the --output of `elastic-bench run`).
         output: folder for the report files (none: RUN_DIR/report).
+        delta: δ in score points of the "sparsity within δ of full attention" table: per method and task category,
+            the largest ΩESR whose score stays within δ of full attention (paired bootstrap, 95%).
     """
 
     run_dir: str
     output: str | None = None
+    delta: float = 1.0  # elastic_bench.reports.free_sparsity.DELTA
 
     def __post_init__(self):
         if self.output is not None:
             check_folder_output(self.output)
+        if self.delta < 0:
+            raise ValueError(f"--delta must be >= 0 score points, got {self.delta}")
 
 
 @dataclass
@@ -94,7 +119,8 @@ def _run(command: Command, args: argparse.Namespace) -> int:
 
     check_device(config.device)
     rows = run(config)
-    print(format_rows(rows, config.output))
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for the run
+        print(format_rows(rows, config.output))
     return 0 if all(r["status"] == "complete" for r in rows) else 1
 
 
@@ -155,15 +181,24 @@ def _demo(command: Command, args: argparse.Namespace) -> int:
     rows = run(config)
     print(format_rows(rows, config.output))
     report = Path(config.output) / "report"
-    write_report(summarize(load_cells(config.output)), report, source=str(config.output))
+    cells = load_cells(config.output, aggregations=official_aggregation)
+    write_report(summarize(cells), report, source=str(config.output))
     print(f"demo results written to {config.output}; report: {report / 'report.html'} and {report / 'report.md'}")
     # The router target sweep that chose the shipped router (H200, 50 samples per cell; docs/testbed.md), precomputed:
     # its frontier places a router per target among the static baselines.
     sweep = Path(config.output) / "sweep_report"
-    write_report(summarize(load_cells(TESTBED_DIR / "sweep_run")), sweep,
+    write_report(summarize(load_cells(TESTBED_DIR / "sweep_run", aggregations=official_aggregation)), sweep,
                  source="the testbed's router target sweep (elastic_bench/data/testbed/sweep_run, one H200)")
     print(f"router target sweep (precomputed): {sweep / 'report.html'} and {sweep / 'report.md'}")
     return 0 if all(r["status"] == "complete" for r in rows) else 1
+
+
+def official_aggregation(task: str):
+    """The official aggregation of a registered task's per-sample records (None for a task no longer registered):
+    the reports recompute a complete cell's scores with it (`elastic_bench.reports.load_cells`)."""
+    from elastic_bench import tasks
+
+    return tasks.get(task).aggregate if task in tasks.names() else None
 
 
 def _report(command: Command, args: argparse.Namespace) -> int:
@@ -172,7 +207,8 @@ def _report(command: Command, args: argparse.Namespace) -> int:
     (config,) = command.configs_from(args)
     output = Path(config.output) if config.output else Path(config.run_dir) / "report"
     check_folder_output(output, "--output" if config.output else "the report folder")
-    written = write_report(summarize(load_cells(config.run_dir)), output, source=config.run_dir)
+    cells = load_cells(config.run_dir, aggregations=official_aggregation)
+    written = write_report(summarize(cells), output, source=config.run_dir, delta=config.delta)
     print(f"report written to {output / 'report.html'} and {output / 'report.md'} ({len(written)} files)")
     return 0
 
@@ -182,7 +218,8 @@ def _compare(command: Command, args: argparse.Namespace) -> int:
     from elastic_bench.reports import compare, load_cells, run_names, write_report
 
     names = run_names(config.runs)
-    cells = [c for run, name in zip(config.runs, names) for c in load_cells(run, run=name)]
+    cells = [c for run, name in zip(config.runs, names)
+             for c in load_cells(run, run=name, aggregations=official_aggregation)]
     output = Path(config.output) if config.output else Path(config.runs[0]).parent / "-".join(["compare", *names])
     check_folder_output(output, "--output" if config.output else "the comparison folder")
     written = write_report(compare(cells), output, source=", ".join(config.runs))
@@ -206,7 +243,10 @@ def _summary(doc: str | None) -> str:
 
 
 def _yaml_scalar(value: Any) -> str:
-    """``value`` spelt as ``-O METHOD.OPTION=VALUE`` reads it (a YAML scalar)."""
+    """``value`` spelt as ``-O METHOD.OPTION=VALUE`` reads it (a YAML scalar; a mapping as ``NAME=VALUE,...``, as a
+    ``dict`` option reads it)."""
+    if isinstance(value, dict):
+        return ",".join(f"{k}={_yaml_scalar(v)}" for k, v in value.items())
     if value is None or isinstance(value, bool):
         return {None: "null", True: "true", False: "false"}[value]
     return str(value)
@@ -231,6 +271,9 @@ def aligned(rows: list[tuple[str, ...]], indent: int = 0, widths: list[int] | No
 
 
 def _list_methods(command: Command, args: argparse.Namespace) -> int:
+    (config,) = command.configs_from(args)
+    if config.preset is not None:
+        return _list_preset(config.preset)
     from elastic_bench.modeling.interface import REGISTRY, method_names
 
     classes = {name: REGISTRY.get(name) for name in method_names()}
@@ -244,6 +287,26 @@ def _list_methods(command: Command, args: argparse.Namespace) -> int:
             print("\n".join(aligned(knobs[name], indent=4, widths=knob_widths)))
     note = ("Set an option with elastic-bench run -O METHOD.OPTION=VALUE (e.g. -O streaming.local=256); values are "
             "read as YAML scalars (null, true, 0.5, text).")
+    print("\n" + textwrap.fill(note, _width()))
+    return 0
+
+
+def _list_preset(name: str) -> int:
+    """Print what the preset ``name`` sets: its run options as ``-O METHOD.OPTION=VALUE`` would, then the
+    train-router options of the same reading as flags, each with its source."""
+    from elastic_bench.evaluation.presets import describe, get_preset
+    from elastic_bench.method.commands import COMMANDS as METHOD_COMMANDS
+
+    preset = get_preset(name)
+    flags = next(c for c in METHOD_COMMANDS if c.name == "train-router").flags
+    print(textwrap.fill(f"{name}: {preset.summary}.", _width()))
+    for target, option, value, source in describe(preset):
+        flag = flags.get(option, "--" + option.replace("_", "-"))
+        shown = (f"-O {target}.{option}={_yaml_scalar(value)}" if target != "train-router" else
+                 f"train-router {flag} {shlex.quote(_yaml_scalar(value))}")
+        print("\n" + shown + "\n" + textwrap.fill(source, _width(), initial_indent=" " * 4, subsequent_indent=" " * 4))
+    note = (f"elastic-bench run --preset {name} sets the method options (explicit -O options override them); the "
+            "train-router options are not applied by run: pass them to train-router. Sources: docs/presets.md.")
     print("\n" + textwrap.fill(note, _width()))
     return 0
 
@@ -316,7 +379,8 @@ COMMANDS = (
     ),
     Command("methods", "list registered methods and their options",
             "List the registered sparse-attention methods: a one-line summary of each, its options with their "
-            "defaults and help.", _list_methods),
+            "defaults and help; with --preset NAME, what that settings preset sets, each value with its source.",
+            _list_methods, configs=(MethodsConfig,)),
     Command("tasks", "list registered tasks, the data each needs, and groups",
             "List the registered tasks, each with the data it needs (generated offline, or the corpus files it reads "
             "under --data-dir / $ELASTIC_BENCH_DATA and their hub fallback), and the groups usable in `run --tasks`.",

@@ -18,10 +18,12 @@ Design decisions:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -31,6 +33,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 
 from elastic_bench import tasks as task_registry
+from elastic_bench.evaluation.presets import applies, get_preset
+from elastic_bench.evaluation.presets import label as preset_label
 from elastic_bench.foundation.options import check_fields, check_value
 from elastic_bench.foundation.registry import did_you_mean
 from elastic_bench.modeling.choices import KVCache
@@ -59,6 +63,9 @@ class RunConfig:
         methods: comma-separated method names (see `elastic-bench methods`).
         method_options: per-method knobs, ``{"streaming": {"local": 256}}`` (on the command line: ``-O
             streaming.local=256``).
+        preset: a settings preset giving every method the options one source ran it with: elastic-paper, upstream
+            or official-code (`elastic-bench methods --preset NAME` prints them, docs/presets.md cites them); the
+            method options override it, and the result folders of the methods it sets name it.
         tasks: comma-separated task or group names (see `elastic-bench tasks`).
         lengths: comma-separated target lengths in tokens, prompt plus generation budget (e.g. 4K,8K).
         limit: samples per task and length (none: the task's default).
@@ -86,11 +93,16 @@ class RunConfig:
             missing under predictions) instead of computing the cell again.
         allow_extrapolation: run lengths beyond the positions the model was trained for (its
             max_position_embeddings); recorded in each cell.
+        tp: tensor parallelism under torchrun: the model sharded over this many ranks by transformers' plan, each
+            rank attending and planning its own heads; records equal a single process's. torchrun's processes are tp
+            × dp: dp replicas share out the samples.
+        device_map: auto: the model's layers spread over the GPUs of this host by accelerate (one process).
     """
 
     model: str = "tiny:qwen3"
     methods: list[str] = field(default_factory=lambda: ["full", "streaming"])
     method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    preset: str | None = None
     tasks: list[str] = field(default_factory=lambda: ["ruler_niah_single_1"])
     lengths: list[int] = field(default_factory=lambda: [1024, 2048])
     limit: int | None = None
@@ -107,6 +119,8 @@ class RunConfig:
     progress: bool = True
     strict: bool = False
     allow_extrapolation: bool = False
+    tp: int = 1
+    device_map: Literal["auto"] | None = None
 
     def __post_init__(self):
         if not self.methods or not self.tasks or not self.lengths:
@@ -117,6 +131,8 @@ class RunConfig:
             raise ValueError(f"limit must be at least 1, got {self.limit}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if self.preset is not None:
+            get_preset(self.preset)
         for name in self.method_options:
             if name not in self.methods:
                 raise ValueError(f"options given for method {name!r}, which is not in methods {self.methods}")
@@ -128,6 +144,7 @@ class RunConfig:
             raise ValueError(f"timed_samples must be >= 0, got {self.timed_samples}")
         if self.decode_graphs and self.kv_cache == "dynamic":
             raise ValueError("decode_graphs needs a packed KV cache (kv_cache evicting or full)")
+        _check_placement_options(self)
         task_registry.expand(self.tasks)
         from elastic_bench.kernels import backend_names  # the checks above import no torch; these do
 
@@ -136,9 +153,19 @@ class RunConfig:
         self.build_methods()
 
     def build_methods(self) -> list[Method]:
-        from elastic_bench.modeling.interface import get_method
+        """The run's methods, each with the preset's options (none without a preset) and ``method_options`` over
+        them."""
+        from elastic_bench.modeling.interface import REGISTRY, get_method
 
-        return [get_method(name, **self.method_options.get(name, {})) for name in self.methods]
+        def options(name: str) -> dict[str, Any]:
+            preset = get_preset(self.preset).options(REGISTRY.get(name).name) if self.preset else {}
+            return {**preset, **self.method_options.get(name, {})}
+
+        return [get_method(name, **options(name)) for name in self.methods]
+
+    def label(self, method: Method) -> str:
+        """The result folder of one of the run's methods (`presets.label`: the preset named where it applies)."""
+        return preset_label(method, self.preset)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> dict[str, Any]:
@@ -166,13 +193,15 @@ class _Session:
     context: dict[str, Any]  # the model's context length and rope parameters (`loading.model_context`)
     stop_ids: set[int]  # the model's and tokenizer's end-of-sequence ids
     ranks: Ranks
+    originals: dict[str, str]  # the run's copy of each learned file → the file it copies (`_held`), for messages
     batch_sizes: dict[int, int] = field(default_factory=dict)  # length → the batch `auto` found (or backed off to)
 
 
 @dataclass
 class _CellInputs:
-    """Everything one cell needs: the run's shared state, the cell's folder, its method, the fingerprint its results
-    are known by (`_fingerprint` plus the length), its task and the task's samples at the cell's length."""
+    """Everything one cell needs: the run's shared state, the cell's folder, its method (loading the run's copies of
+    its learned files, `_held`), the fingerprint its results are known by (`_fingerprint` plus the task, its data and
+    the length), its task and the task's samples at the cell's length."""
 
     session: _Session
     cell: Cell
@@ -185,11 +214,17 @@ class _CellInputs:
 def run(config: RunConfig) -> list[dict[str, Any]]:
     """Run every cell of ``config`` not yet complete; return one summary row per cell.
 
-    The model spec is resolved once (`elastic_bench.modeling.loading.resolve_model`). The output folder is locked for
-    the run (`elastic_bench.foundation.files.exclusive`: a second writer stops with the name of the first); before the
-    model loads, every cell of the run is checked: a cell of another configuration stops the run, a cell whose files
-    cannot be trusted (`Cell.verify`) is computed again (``strict``: stops the run).
+    The model spec is resolved once (`elastic_bench.modeling.loading.resolve_model`); the methods' learned files are
+    read once, into a private folder that lives as long as the run (`_held`). The output folder is locked for the run
+    (`elastic_bench.foundation.files.exclusive`: a second writer stops with the name of the first); before the model
+    loads, every cell of the run is checked: a cell of another configuration (`_fingerprint`) stops the run, a cell
+    whose files cannot be trusted (`Cell.verify`) is computed again (``strict``: stops the run).
     """
+    with tempfile.TemporaryDirectory(prefix="elastic-bench-held-") as held:
+        return _run(config, Path(held))
+
+
+def _run(config: RunConfig, held: Path) -> list[dict[str, Any]]:
     import torch
     from tqdm.auto import tqdm
 
@@ -198,11 +233,14 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
     from elastic_bench.modeling.loading import (
         check_backend,
         check_device,
+        check_placement,
         load_model,
         load_tokenizer,
         model_context,
+        model_digest,
         resolve_model,
     )
+    from elastic_bench.tasks.corpora import identities
     from elastic_bench.training.distributed import Ranks
 
     built = config.build_methods()
@@ -212,12 +250,23 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
     if longest > source.positions and not config.allow_extrapolation:
         raise ValueError(f"length {longest} exceeds the {source.positions} positions {config.model} was trained for; "
                          "pass --allow-extrapolation to run it anyway")
-    fingerprints = {m.label(): _fingerprint(config, m, source) for m in built}
+    kept = [_held(m, source, held / str(i)) for i, m in enumerate(built)]  # (the method loading the copies, digests)
+    running = {config.label(m): method for m, (method, _, _) in zip(built, kept)}
+    originals = {copy: path for _, _, copies in kept for copy, path in copies.items()}
+    model_files = model_digest(source)
+    fingerprints = {config.label(m): _fingerprint(config, m, digests, model_files)
+                    for m, (_, digests, _) in zip(built, kept)}
+    data = {name: identities(task_registry.get(name, data_dir=config.data_dir).sources, config.data_dir)
+            for name in task_names}
+
+    def fingerprint(method: Method, task_name: str, length: int) -> dict[str, Any]:
+        return {**fingerprints[config.label(method)], "task": task_name, "data": data[task_name], "length": length}
 
     def cell_of(method: Method, task_name: str, length: int) -> Cell:
-        return Cell(config.output, source.label, method.label(), task_name, length)
+        return Cell(config.output, source.label, config.label(method), task_name, length)
 
-    ranks = Ranks.from_env(config.device)
+    ranks = Ranks.from_env(config.device, config.tp)
+    check_placement(source, config.tp, config.device_map, ranks.world_size)
     if config.decode_graphs and check_device(ranks.device(config.device)).type != "cuda":
         raise ValueError("decode_graphs needs a CUDA device")
     check_backend(config.backend, ranks.device(config.device))
@@ -229,13 +278,14 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
             for task_name in task_names:
                 for length in config.lengths:
                     for m in built:
-                        _check_cell(cell_of(m, task_name, length), {**fingerprints[m.label()], "length": length},
-                                    config.strict, config.data_dir)
+                        _check_cell(cell_of(m, task_name, length), fingerprint(m, task_name, length), config.strict,
+                                    config.data_dir)
         ranks.barrier()
         dtype = getattr(torch, config.dtype) if config.dtype else None
-        model, tokenizer = load_model(source, dtype=dtype, device=ranks.device(config.device))
+        model, tokenizer = load_model(source, dtype=dtype, device=ranks.device(config.device), tp=config.tp,
+                                      device_map=config.device_map)
         session = _Session(config, model, tokenizer, model_context(model.config), stop_ids(model, tokenizer),
-                           ranks)
+                           ranks, originals)
         rows = []
         overall = tqdm(total=len(task_names) * len(config.lengths) * len(built), unit="cell", position=0,
                        disable=not (config.progress and ranks.is_main), file=sys.stderr)
@@ -255,8 +305,8 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
                 overall.update(len(cells) - len(todo))
                 for method, cell in todo:
                     overall.set_description(cell_description(overall.n, overall.total, cell))
-                    inputs = _CellInputs(session, cell, method, {**fingerprints[method.label()], "length": length},
-                                         task, samples)
+                    inputs = _CellInputs(session, cell, running[config.label(method)],
+                                         fingerprint(method, task_name, length), task, samples)
                     if not error:
                         _run_cell(inputs)
                     elif ranks.is_main:
@@ -274,18 +324,38 @@ def cell_description(done: int, total: int, cell: Cell) -> str:
     return f"cell {done + 1} of {total} ({cell.method} · {cell.task} · {cell.length})"
 
 
-def _fingerprint(config: RunConfig, method: Method, source: ModelSource) -> dict[str, Any]:
-    """What a cell's results depend on beyond its task (JSON-normalised, as stored in ``config.json`` and
-    ``metrics.json``): the model, the method and its options, the SHA-256 of every file the method loads in place of
-    the option that names it (a router or gate file is known by what it holds, not by its path), seed, limit and
-    dtype."""
-    from elastic_bench.foundation.files import digest
+def _held(method: Method, source: ModelSource, folder: Path) -> tuple[Method, dict[str, str], dict[str, str]]:
+    """``method`` loading copies, in the private ``folder``, of the learned files it names (`Method.artifacts`, by
+    option name), their SHA-256 by option name (`elastic_bench.results.digests.hold`) and each copy's original (by
+    path, for messages): the bytes a cell is known by are the bytes its method loads, whatever happens to the original
+    files during the run."""
+    from elastic_bench.results.digests import hold
 
-    artifacts = {name: digest(path) for name, path in method.artifacts(source.path).items()}
+    paths = method.artifacts(source.path)
+    copies = {name: hold(path, folder / name) for name, path in paths.items()}
+    running = dataclasses.replace(method, **{name: str(copy) for name, (copy, _) in copies.items()})
+    originals = {str(copy): str(paths[name]) for name, (copy, _) in copies.items()}
+    return running, {name: sha for name, (_, sha) in copies.items()}, originals
+
+
+def _fingerprint(config: RunConfig, method: Method, artifacts: dict[str, str], model_files: str | None
+                 ) -> dict[str, Any]:
+    """What a cell's results depend on beyond its task, its data and its length (which `run` adds: ``task``, ``data``
+    as `elastic_bench.tasks.corpora.identities`, ``length``), JSON-normalised as stored in ``config.json`` and
+    ``metrics.json``: the model spec and ``model_files``, what its files hold (`elastic_bench.modeling.loading.
+    model_digest`: two folders at the same path are two models); the method and its options, with the SHA-256
+    ``artifacts`` of the files the method loads in place of the options that name them (`_held`: a router or gate file
+    is known by what it holds, not by its path); seed, limit, dtype; the KV cache and decode graphs, which change what
+    decoding computes; the preset where it sets the method's options (a method it leaves has the fingerprint of a run
+    without one). Not the batch size: a batch's predictions, scores, sparsity and KV bytes are those of batch 1, and
+    each prediction records its own batch; nor the kernel backend, which each prediction records."""
     options = {k: v for k, v in method.options().items() if k not in artifacts}  # those are known by their digest
-    return json.loads(json.dumps({"model": config.model, "method": method.name, "method_options": options,
-                                  "artifacts": artifacts, "seed": config.seed, "limit": config.limit,
-                                  "dtype": config.dtype}, default=str))
+    return json.loads(json.dumps({"model": config.model, "model_files": model_files, "method": method.name,
+                                  "method_options": options, "artifacts": artifacts, "seed": config.seed,
+                                  "limit": config.limit, "dtype": config.dtype, "kv_cache": config.kv_cache,
+                                  "decode_graphs": config.decode_graphs,
+                                  **({"preset": config.preset} if applies(config.preset, method.name) else {})},
+                                 default=str))
 
 
 def _check_cell(cell: Cell, fingerprint: dict[str, Any], strict: bool, data_dir: str | None) -> None:
@@ -309,6 +379,19 @@ def _check_cell(cell: Cell, fingerprint: dict[str, Any], strict: bool, data_dir:
     cell.clear()
 
 
+def _check_placement_options(config: RunConfig) -> None:
+    """Refuse ``tp`` and ``device_map`` where they cannot work with the run's other options (the model's heads and
+    torchrun's processes are checked before the weights load, `elastic_bench.modeling.loading.check_placement`)."""
+    if config.tp < 1:
+        raise ValueError(f"tp must be at least 1, got {config.tp}")
+    if config.tp > 1 and config.batch_size == "auto":
+        raise ValueError("batch_size auto probes memory on one rank; give a number with --tp")
+    if config.tp > 1 and config.decode_graphs:
+        raise ValueError("decode_graphs are not supported with --tp")
+    if config.device_map is not None and config.device is not None:
+        raise ValueError("give --device or --device-map, not both")
+
+
 def _cell_config(inputs: _CellInputs, n: int) -> dict[str, Any]:
     """What a cell's config.json and metrics.json record of its configuration, with ``n`` samples; the model's context
     length and rope parameters are recorded beside the fingerprint, not in it."""
@@ -317,6 +400,7 @@ def _cell_config(inputs: _CellInputs, n: int) -> dict[str, Any]:
     config, fingerprint = inputs.session.config, inputs.fingerprint
     return {
         **{k: fingerprint[k] for k in ("model", "method_options", "seed", "limit", "dtype")},
+        "preset": fingerprint.get("preset"),
         "method": inputs.method.name,
         "task": inputs.cell.task,
         "length": inputs.cell.length,
@@ -331,6 +415,19 @@ def _cell_config(inputs: _CellInputs, n: int) -> dict[str, Any]:
         "fingerprint": fingerprint,
         **provenance(config.device),
     }
+
+
+def _resolved_options(method: Method) -> dict[str, Any]:
+    """The options ``method`` left unset (None: its learned file's own) with the values it ran with, once set up:
+    Elastic Attention's mode, streaming geometry and XAttention threshold from its router checkpoint
+    (``{"mode": "fa-ssa", "sink": 128, ...}``); {} for the other methods, whose unset options defer to no file. Recorded
+    in ``metrics.json``: the router loads when the cell's work begins, after its ``config.json`` is written."""
+    from elastic_bench.method.elastic import Elastic
+
+    if not isinstance(method, Elastic) or method.routers is None:
+        return {}
+    resolved = dataclasses.asdict(method.routers.config.attention)
+    return {k: resolved[k] for k, v in method.options().items() if v is None and k in resolved}
 
 
 def _run_cell(inputs: _CellInputs) -> None:
@@ -348,9 +445,9 @@ def _run_cell(inputs: _CellInputs) -> None:
             print(f"elastic-bench: cell {cell.dir}: {discarded}; computing it again", file=sys.stderr)
     ranks.barrier()
     done = {r["id"] for r in cell.predictions()}
-    mine = [s for s in samples if s.id not in done][ranks.rank :: ranks.world_size]
-    shard = ranks.rank if ranks.world_size > 1 else None
-    desc = f"{method.label()} · {cell.task} · {cell.length}"
+    mine = [s for s in samples if s.id not in done][ranks.replica :: ranks.replicas]  # the ranks of a replica alike
+    shard = ranks.replica if ranks.replicas > 1 else None
+    desc = f"{cell.method} · {cell.task} · {cell.length}"
     error = None
     try:
         # the decode graphs of the cell: rows with room for its longest prompt and answer, follow-up turns aside
@@ -363,7 +460,8 @@ def _run_cell(inputs: _CellInputs) -> None:
                 tqdm(total=len(mine), desc=desc, disable=not (config.progress and ranks.is_main), leave=False,
                      position=1, file=sys.stderr) as bar:
             for record in _generate(inputs, mine, handle, graphs):
-                cell.append(record, shard)
+                if ranks.writes:
+                    cell.append(record, shard)
                 bar.update()
     except StorageError:  # a full disk or a read-only folder: the user's to fix, for every cell alike
         raise
@@ -373,6 +471,9 @@ def _run_cell(inputs: _CellInputs) -> None:
     except Exception as err:  # noqa: BLE001  (a failed cell must not stop the run)
         error = f"{type(err).__name__}: {err}"
     errors = [e for e in ranks.gather(error) if e]
+    # rank 0's method statistics of a cell that ran, which a tensor-parallel method sums over its replica's ranks (a
+    # collective there)
+    extra = method.extra_stats() if ranks.replica == 0 and not errors else {}
     if ranks.is_main:
         records = cell.merge([s.id for s in samples])
         scores = inputs.task.aggregate(records) if records and not errors else {}
@@ -387,13 +488,15 @@ def _run_cell(inputs: _CellInputs) -> None:
                 {
                     **_cell_config(inputs, len(records)),
                     "status": "complete",
-                    "method_label": method.label(),
+                    "method_label": cell.method,
+                    "method_resolved": _resolved_options(method),
                     **backends_used(records),
                     "world_size": ranks.world_size,
+                    "tp": ranks.tp,
                     **scores,
                     **{key: _mean(records, key) for key in MEANS},
                     **timing(records),
-                    **method.extra_stats(),
+                    **extra,
                 }
             )
     ranks.barrier()
@@ -524,10 +627,13 @@ def _record(inputs: _CellInputs, sample: Sample, prediction: str, earlier: list[
             timed: dict[str, Any], kv_bytes: tuple[int | None, int | None], sparsity: dict[str, float],
             stats: dict[str, Any], decisions) -> dict[str, Any]:
     """One sample's prediction record: its last turn's ``prediction`` and score, ``timed`` (prefill and decode
-    seconds, the batch), the bytes its packed cache held beside a full cache's (none for another cache), its
-    ``sparsity`` (`MethodHandle.stats` per sample), the kernel backend of the prefill and its per-layer
-    ``decisions`` ``[L, H]``."""
-    held, full = kv_bytes
+    seconds, the batch), the KV bytes its packed cache kept beside a full cache's (`PackedCache.sample_nbytes`;
+    none for another cache), its ``sparsity`` (`MethodHandle.stats` per sample), the kernel backend of the prefill
+    and its per-layer ``decisions`` ``[L, H]``."""
+    from elastic_bench.modeling.tensor_parallel import tensor_parallel
+
+    shard = tensor_parallel(inputs.session.model)
+    held, full = shard.sum(kv_bytes) if shard else kv_bytes  # a tensor-parallel rank holds its heads' rows
     return {
         "id": sample.id,
         "prediction": prediction,
@@ -580,6 +686,8 @@ def _mean(records: list[dict[str, Any]], key: str) -> float:
 
 def _fail(inputs: _CellInputs, error: str) -> None:
     cell = inputs.cell
+    for copy, original in inputs.session.originals.items():  # name the user's file, not the run's copy of it
+        error = error.replace(copy, original)
     print(f"elastic-bench: cell {cell.dir} failed: {error}", file=sys.stderr)
     cell.dir.mkdir(parents=True, exist_ok=True)
     done = len(cell.predictions())

@@ -32,6 +32,7 @@ from elastic_bench.kernels.decode import decode_attention
 from elastic_bench.modeling.choices import KVCache
 from elastic_bench.modeling.interface import AttentionCall, Method
 from elastic_bench.modeling.kv_cache import CACHE_KEYWORDS, PackedCache, PackedLayer
+from elastic_bench.modeling.tensor_parallel import join_heads, tensor_parallel
 
 ATTN_NAME = "elastic_bench"
 _HANDLE = "_elastic_bench_handle"
@@ -137,16 +138,25 @@ class MethodHandle:
         """``omega_msr``, ``omega_esr``, ``omega_esr_last_row`` (means over samples), ``per_sample`` values,
         ``prefill_backends`` (the kernel backend that ran each prefill call since the last reset: name → calls), and
         the method's own statistics."""
-        per_sample = self.meter.per_sample()
+        per_sample = self._meter().per_sample()
         means = sample_means(per_sample)
-        held = self.last_cache
-        cache = {"kv_bytes": held.nbytes(), "kv_bytes_full": held.full_nbytes()} if held is not None else {}
+        held, shard = self.last_cache, tensor_parallel(self.model)
+        cache = {}
+        if held is not None:
+            nbytes = (held.nbytes(), held.full_nbytes())
+            cache = dict(zip(("kv_bytes", "kv_bytes_full"), shard.sum(nbytes) if shard else nbytes))
         return {**means, "num_samples": len(per_sample), "per_sample": per_sample,
                 "prefill_backends": dict(self.prefill_backends), **cache, **self.method.extra_stats()}
 
     def decisions(self) -> torch.Tensor:
         """Prefill modes ``[N, L, H]`` (`Mode` values) of the N samples recorded since the last reset."""
-        return self.meter.decisions()
+        return self._meter().decisions()
+
+    def _meter(self) -> SparsityMeter:
+        """The sparsity tallies of every head: this process's, or under tensor parallelism those of the replica's ranks
+        joined (`join_heads`, a collective: every rank calls `stats` and `decisions` alike)."""
+        shard = tensor_parallel(self.model)
+        return self.meter if shard is None else SparsityMeter(join_heads(shard, self.meter.samples))
 
     def attend(
         self,
@@ -182,7 +192,8 @@ class MethodHandle:
             layer = PackedLayer()
             layer.update(dense.keys, dense.values)
             B, H, _, D = dense.keys.shape
-            query = dense.keys.new_empty((B, H * (module.config.num_attention_heads // H), 1, D))
+            group = module.config.num_attention_heads // module.config.num_key_value_heads  # query heads per KV head
+            query = dense.keys.new_empty((B, H * group, 1, D))
             self._pack(layer, module, query, dense.keys, dense.values, None, evict)
             packed.layers.append(layer)
         return packed
@@ -240,10 +251,10 @@ def _pieces(query, key, mask, kwargs) -> list[tuple[int, int, slice, slice]] | N
     return pieces
 
 
-def _capture_keys(module: nn.Module, num_kv_heads: int, head_dim: int):
+def _capture_keys(module: nn.Module, head_dim: int):
     def hook(_, __, output: torch.Tensor) -> None:
         B, L = output.shape[:2]
-        keys = output.detach().view(B, L, num_kv_heads, head_dim).transpose(1, 2)
+        keys = output.detach().view(B, L, -1, head_dim).transpose(1, 2)  # this rank's KV heads under tensor parallelism
         setattr(module, _KEYS, keys)
 
     return hook
@@ -286,7 +297,7 @@ def apply(
             setattr(module, _HANDLE, handle)
             if method.needs_pre_rope_keys:
                 source = module.k_norm if hasattr(module, "k_norm") else module.k_proj
-                capture = _capture_keys(module, module.config.num_key_value_heads, module.head_dim)
+                capture = _capture_keys(module, module.head_dim)
                 hooks.append(source.register_forward_hook(capture))
         with attention_implementation(model, ATTN_NAME):
             yield handle

@@ -122,16 +122,18 @@ class Method:
         """The method's knobs and their values."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
-    def label(self) -> str:
-        """Name plus the knobs that differ from their defaults, e.g. ``streaming-local=256``: used for run folders
-        (a ``/`` in a value, e.g. a file path, is written ``%2F`` so the label stays one folder; a value longer than
+    def label(self, base: dict[str, Any] | None = None, tag: str | None = None) -> str:
+        """Name, then ``tag``, then the knobs that differ from ``base`` (a value per knob; the knob's default for a
+        knob it leaves out, or without ``base``), e.g. ``streaming-local=256``: used for run folders (a ``/`` in a
+        value, e.g. a file path, is written ``%2F`` so the label stays one folder; a value longer than
         `LABEL_VALUE_LIMIT` characters is shortened, see `label_value`)."""
+        base = base or {}
         changed = [
             f"{f.name}={label_value(getattr(self, f.name))}"
             for f in dataclasses.fields(self)
-            if f.default is not dataclasses.MISSING and getattr(self, f.name) != f.default
+            if f.default is not dataclasses.MISSING and getattr(self, f.name) != base.get(f.name, f.default)
         ]
-        return "-".join([self.name, *changed])
+        return "-".join([self.name, *([tag] if tag else []), *changed])
 
 
 LABEL_VALUE_LIMIT = 64

@@ -19,12 +19,16 @@ Design decisions:
   row.
 - A batch drops the samples that finished (`PackedLayer.batch_select_indices`, transformers' call): their rows leave
   the per-row vectors, so decode steps no longer compute them; their slots stay allocated until the next reallocation.
-- What a sample's rows hold is counted on the host (`PackedLayer.sample_nbytes`: its rows' slots, its own tokens), so a
-  sample of a batch reports the bytes it would hold alone.
+- ``kv_bytes`` and ``kv_bytes_full`` (`PackedLayer.sample_nbytes`) count the same thing on both sides, so their ratio is
+  the fraction of the keys and values a method keeps: ``kv_bytes`` the keys and values of the tokens the sample's rows
+  hold (a FULL row, or a STREAMING row kept whole, every token so far; a ring at most ``sink_end + window_span``),
+  ``kv_bytes_full`` those of every token so far in every row (what a `DynamicCache` holds). The two are equal for a
+  method that decodes densely, whatever room the rows have for later tokens; the storage itself (that room, the slot
+  positions) is not counted. They are counted on the host, per sample, so a sample of a batch reports what it would
+  hold alone.
 - A static cache (``row_slots``, for CUDA graphs replayed over batch after batch): every row gets ``row_slots`` slots
   at a fixed place, and every tensor a decode step reads (storage, per-row vectors) keeps its address from one pack
-  to the next, as do the decode kernel's host integers; the bytes counted are still those the method's packing keeps
-  (the slots of the cache without ``row_slots``).
+  to the next, as do the decode kernel's host integers; the bytes counted are still the tokens the method keeps.
 - Decode plans with BLOCK_SPARSE heads or a chunked geometry are refused when packing (no method decodes so).
 """
 
@@ -255,14 +259,16 @@ class PackedLayer(DynamicLayer):
         self.rule = dataclasses.replace(self.rule, ring=self.rule.ring[index], streaming=self.rule.streaming[index])
 
     def sample_nbytes(self, sample: int) -> tuple[int, int]:
-        """(bytes held, bytes a `DynamicCache` would hold) for batch row ``sample`` alone: its rows' slots (keys,
-        values, positions), and ``[H, tokens, D]`` keys and values of its own tokens (prompt without padding, plus the
-        decode tokens); counted on the host, once packed."""
+        """(kept, full) bytes of batch row ``sample`` alone, once packed: the keys and values of the tokens its rows
+        hold (a ring row at most its ``sink_end + window_span`` slots, any other row every token), and those of all its
+        tokens in every row, ``[H, tokens, D]`` keys and values (prompt without padding, plus the decode tokens);
+        counted on the host. kept <= full, equal when no row of the sample is a ring."""
         kv = self.packed
         width = kv.keys.shape[1] * (kv.keys.element_size() + kv.values.element_size())
-        slots = sum(self.caps[sample * self.heads : (sample + 1) * self.heads])
-        full = self.heads * (self.lengths[sample] + self.steps) * width
-        return slots * (width + kv.positions.element_size()), full
+        tokens = self.lengths[sample] + self.steps
+        rows = range(sample * self.heads, (sample + 1) * self.heads)
+        kept = sum(min(self.caps[r], tokens) if self.rings[r] else tokens for r in rows)
+        return kept * width, self.heads * tokens * width
 
     # ---- what transformers asks of a layer -----------------------------------------------------------------------
 
@@ -270,7 +276,8 @@ class PackedLayer(DynamicLayer):
         return self.tokens if self.packed is not None else super().get_seq_length()
 
     def nbytes(self) -> int:
-        """Bytes held: the slots of the samples' packed rows (`sample_nbytes`), or the dense keys and values."""
+        """Bytes of the keys and values kept: those of the samples' packed rows (`sample_nbytes`), or the dense
+        ones."""
         if self.packed is not None:
             return sum(self.sample_nbytes(b)[0] for b in range(len(self.lengths)))
         return sum(t.numel() * t.element_size() for t in (self.keys, self.values) if t is not None)
@@ -336,7 +343,7 @@ class PackedCache(Cache):
             layer.advance()
 
     def nbytes(self) -> int:
-        """Bytes of keys, values and slot positions held by all layers."""
+        """Bytes of the keys and values kept by all layers (`PackedLayer.sample_nbytes`)."""
         return sum(layer.nbytes() for layer in self.layers)
 
     def full_nbytes(self) -> int:
@@ -344,7 +351,7 @@ class PackedCache(Cache):
         return sum(layer.full_nbytes() for layer in self.layers)
 
     def sample_nbytes(self, sample: int) -> tuple[int, int]:
-        """(bytes held, bytes a `DynamicCache` would hold) for batch row ``sample`` alone, over all layers
-        (`PackedLayer.sample_nbytes`): what a generation of that sample alone would hold."""
+        """(kept, full) bytes of keys and values of batch row ``sample`` alone, over all layers
+        (`PackedLayer.sample_nbytes`): what a generation of that sample alone would keep, and a `DynamicCache` hold."""
         counts = [layer.sample_nbytes(sample) for layer in self.layers]
         return sum(held for held, _ in counts), sum(full for _, full in counts)

@@ -13,6 +13,10 @@ byte-level tokenizer).
 
 A spec is resolved once (`resolve_model`) into a `ModelSource`: its kind, where its files are, its folder label and
 the positions it was trained for; `load_model` and a run take that object, so nothing parses the spec again.
+
+Placement over several devices (`check_placement`, checked on the config before any weights load): ``tp`` > 1 shards
+the model by transformers' tensor-parallel plan over the ranks of a ``torchrun`` (`elastic_bench.modeling.
+tensor_parallel`); ``device_map="auto"`` spreads its layers over the GPUs of one host with accelerate.
 """
 
 from __future__ import annotations
@@ -154,15 +158,23 @@ class ModelSource:
         """The positions the model was trained for (its config's ``max_position_embeddings``; a GGUF's
         ``<arch>.context_length``), read without loading the weights. For a GGUF checkpoint this also checks that
         transformers can load its architecture (a ValueError otherwise)."""
-        if self.kind in ("tiny", "random"):
-            return _config("llama").max_position_embeddings
+        return int(self.config.max_position_embeddings)
+
+    @cached_property
+    def config(self):
+        """The model's transformers config, read without the weights (for a GGUF checkpoint this checks that
+        transformers can load its architecture: a ValueError otherwise)."""
+        if self.kind == "tiny":
+            return _config(self.name, **TINY_SHAPES)
+        if self.kind == "random":
+            fields = dict(RANDOM_PRESETS[self.name])
+            return _config(fields.pop("arch"), **fields)
         from transformers import AutoConfig
 
         if self.gguf is not None:
             with _gguf_errors(self.gguf):
-                config = AutoConfig.from_pretrained(str(self.gguf.parent), gguf_file=self.gguf.name)
-            return int(config.max_position_embeddings)
-        return int(AutoConfig.from_pretrained(self.path, **_hub_access(self)).max_position_embeddings)
+                return AutoConfig.from_pretrained(str(self.gguf.parent), gguf_file=self.gguf.name)
+        return AutoConfig.from_pretrained(self.path, **_hub_access(self))
 
 
 def resolve_model(spec: str | ModelSource) -> ModelSource:
@@ -238,7 +250,37 @@ def _hub_unreachable(endpoint: str) -> str | None:
     return None
 
 
-def load_model(spec: str | ModelSource, dtype: torch.dtype | None = None, device: str | torch.device | None = None):
+# The files of a transformers folder that its weights, configuration and tokenizer load from (`model_digest`).
+MODEL_FILES = ("config.json", "generation_config.json", "*.safetensors", "*.bin", "*.index.json", "tokenizer*",
+               "special_tokens_map.json", "added_tokens.json", "vocab*", "merges.txt", "chat_template*", "*.tiktoken",
+               "*.py")
+
+
+def model_digest(spec: str | ModelSource) -> str | None:
+    """What a run knows the model's weights, configuration and tokenizer by, wherever its files lie: the SHA-256 over a
+    folder's `MODEL_FILES` or a GGUF file (`elastic_bench.results.digests.files_digest`, each file read once per
+    content), the commit a hub id resolves to (``hub@<commit>``); None for the built-in random models, which their spec
+    and the code make.
+
+    Raises:
+        ValueError: a hub model that the hub cannot serve and the local cache does not hold (`_hub_access`).
+    """
+    from elastic_bench.results.digests import files_digest, hub_revision
+
+    source = resolve_model(spec)
+    if source.kind in ("tiny", "random"):
+        return None
+    if source.kind == "hub":
+        commit = hub_revision(source.path, "model", online=not _hub_access(source), timeout=HUB_TIMEOUT)
+        return f"hub@{commit}" if commit else None
+    if source.gguf is not None:
+        return files_digest(source.gguf.parent, [source.gguf])
+    folder = Path(source.path)
+    return files_digest(folder, sorted({p for pattern in MODEL_FILES for p in folder.glob(pattern) if p.is_file()}))
+
+
+def load_model(spec: str | ModelSource, dtype: torch.dtype | None = None, device: str | torch.device | None = None,
+               tp: int = 1, device_map: Literal["auto"] | None = None):
     """Load ``(model, tokenizer)`` for ``spec``.
 
     Args:
@@ -247,34 +289,102 @@ def load_model(spec: str | ModelSource, dtype: torch.dtype | None = None, device
             these already resolved (`resolve_model`).
         dtype: weights dtype; bf16 on CUDA and fp32 on CPU by default.
         device: ``"cuda"``, ``"cpu"``, ...; CUDA when available by default (checked with `check_device`; ``"meta"``
-            builds the weights without storage).
+            builds the weights without storage). Under tensor parallelism, this rank's device.
+        tp: ranks per model under ``torchrun`` (tensor parallelism: every rank of the run calls `load_model` and
+            keeps its shard; `elastic_bench.modeling.tensor_parallel`); 1: the whole model in this process.
+        device_map: ``"auto"``: the layers spread over the GPUs of this host by accelerate (``device`` unused).
 
     Returns:
         The model in eval mode with ``attn_implementation="sdpa"``, and its tokenizer.
+
+    Raises:
+        ValueError: a placement `check_placement` refuses (before any weights load).
     """
+    from elastic_bench.modeling import tensor_parallel
+
     device = check_device(device, meta=True)
     dtype = dtype or default_dtype(device)
     source = resolve_model(spec)
+    world = _world_size()
+    check_placement(source, tp, device_map, world)
     tokenizer = load_tokenizer(source)
-    if source.kind == "tiny":
-        model = tiny_model(source.name, tokenizer)
-        model.to(device=device, dtype=dtype)
-    elif source.kind == "random":
-        model = random_model(source.name, device, dtype)
+    if source.kind in ("tiny", "random"):
+        if source.kind == "tiny":
+            model = tiny_model(source.name, tokenizer).to(device=device, dtype=dtype)
+        else:
+            model = random_model(source.name, device, dtype)
+        if tp > 1:  # built alike on every rank (seeded): each keeps its slices
+            model = tensor_parallel.distribute(model, tp, world)
+        elif device_map:
+            model = _dispatch(model, dtype)
     else:
         from transformers import AutoModelForCausalLM
 
+        # sharded as it loads (tensor parallelism), placed by accelerate (device map), or moved to `device` below
+        placed = ({"distributed_config": tensor_parallel.distributed_config(tp, world)} if tp > 1
+                  else {"device_map": device_map} if device_map else {})
         gguf = source.gguf
         if gguf is not None:
             with _gguf_errors(gguf):
                 model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=dtype,
-                                                             attn_implementation="sdpa")
+                                                             attn_implementation="sdpa", **placed)
         else:
             model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype, attn_implementation="sdpa",
-                                                         **_hub_access(source))
-        model.to(device)
+                                                         **placed, **_hub_access(source))
+        if not placed:
+            model.to(device)
+    if tp > 1:
+        from elastic_bench.modeling.attention import attention_modules
+
+        tensor_parallel.mark(model, tp, attention_modules(model))
     model.eval()
     return model, tokenizer
+
+
+def check_placement(spec: str | ModelSource, tp: int = 1, device_map: str | None = None,
+                    world_size: int | None = None) -> None:
+    """Refuse a placement of model ``spec`` that cannot work, reading its config only (no weights): ``tp`` that the
+    ``torchrun`` processes or the model's heads do not allow, or a family without a tensor-parallel plan
+    (`elastic_bench.modeling.tensor_parallel.check`); a ``device_map`` other than ``"auto"``, with ``tp`` > 1, under
+    ``torchrun``, or without accelerate installed.
+
+    Args:
+        world_size: the processes of the run; None: ``torchrun``'s (``WORLD_SIZE``), 1 outside it.
+
+    Raises:
+        ValueError: one line saying what is wrong.
+    """
+    from elastic_bench.modeling import tensor_parallel
+
+    world = _world_size() if world_size is None else world_size
+    if device_map is not None:
+        if device_map != "auto":
+            raise ValueError(f"device_map must be auto, got {device_map!r}")
+        if tp > 1:
+            raise ValueError("give --tp or --device-map, not both: a device map places a whole model in one process")
+        if world > 1:
+            raise ValueError("--device-map auto places one model over the GPUs of this host: run it in one process, "
+                             "not under torchrun")
+        try:
+            import accelerate  # noqa: F401
+        except ImportError:
+            raise ValueError("--device-map auto needs accelerate: pip install accelerate") from None
+    if tp != 1:  # the config is read only for a tensor-parallel run
+        tensor_parallel.check(resolve_model(spec).config, tp, world)
+
+
+def _world_size() -> int:
+    """The processes of this run: ``torchrun``'s ``WORLD_SIZE``, 1 outside it."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _dispatch(model, dtype: torch.dtype):
+    """``model`` (built in one piece) with its layers spread by accelerate over the GPUs of this host (the CPU
+    holds what does not fit; with no GPU, everything)."""
+    from accelerate import dispatch_model, infer_auto_device_map
+
+    placement = infer_auto_device_map(model, no_split_module_classes=model._no_split_modules, dtype=dtype)
+    return dispatch_model(model, placement)
 
 
 def load_tokenizer(spec: str | ModelSource):
@@ -394,24 +504,17 @@ def random_model(preset: str, device: torch.device, dtype: torch.dtype, seed: in
         return AutoModelForCausalLM.from_config(config, dtype=dtype)
 
 
+TINY_SHAPES = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=16, rope_theta=1e6, tie_word_embeddings=True)
+
+
 def tiny_model(arch: str, tokenizer, seed: int = 0):
-    """A 2-layer random model (4 query / 2 KV heads of dim 16) of the given architecture, sized to ``tokenizer``."""
+    """A 2-layer random model (`TINY_SHAPES`: 4 query / 2 KV heads of dim 16) of the given architecture, sized to
+    ``tokenizer``."""
     from transformers import AutoModelForCausalLM
 
-    config = _config(
-        arch,
-        vocab_size=len(tokenizer),
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        rope_theta=1e6,
-        tie_word_embeddings=True,
-    )
+    config = _config(arch, vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
+                     pad_token_id=tokenizer.pad_token_id, **TINY_SHAPES)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return AutoModelForCausalLM.from_config(config)

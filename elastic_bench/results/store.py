@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -257,10 +258,16 @@ def _rescore(records: list[dict[str, Any]], metrics: dict[str, Any],
         scores = json.loads(json.dumps(aggregate(records), default=str))
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as err:
         return f"its predictions cannot be scored ({type(err).__name__}: {err})"
-    changed = sorted(k for k in scores if metrics.get(k) != scores[k])
+    changed = sorted(k for k in scores if not _same(metrics.get(k), scores[k]))
     if changed:
         return f"its metrics.json records scores its predictions do not give ({', '.join(changed)})"
     return None
+
+
+def _same(recorded: Any, computed: Any) -> bool:
+    """Whether a recorded score is the computed one; NaN (an empty bucket's score) is the same as NaN."""
+    nan = [isinstance(v, float) and math.isnan(v) for v in (recorded, computed)]
+    return recorded == computed or all(nan)
 
 
 def _json_object(path: Path) -> dict[str, Any] | None:

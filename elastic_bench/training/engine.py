@@ -29,7 +29,7 @@ It also holds the packed-row data path shared by the trainers of a frozen LLM (`
 - The prompt is one user turn through the tokenizer's chat template (`elastic_bench.tasks.base.render`; Qwen3:
   ``enable_thinking=False``) with the generation prompt; the answer follows as the assistant turn, ended by the
   tokenizer's EOS token. Samples longer than ``max_tokens`` lose the middle of their prompt (the first and last prompt
-  tokens are kept).
+  tokens are kept), or are kept whole for `in_range` to leave out (the official packing's rule).
 - Packing: samples sorted by length (longest first) go first-fit into rows of at most ``pack_tokens`` tokens; each row
   keeps its samples' boundaries (``cu_seqlens``), restarted positions, prompt lengths and categories.
 - LM-loss targets: the answer tokens only (``loss_tokens="answer"``) or every next token inside a sample (``"all"``,
@@ -573,10 +573,11 @@ class PackedRow:
 
 
 def tokenize(
-    examples: Sequence[TextExample], tokenizer, categories: list[str], max_tokens: int, progress: bool = False
+    examples: Sequence[TextExample], tokenizer, categories: list[str], max_tokens: int, progress: bool = False,
+    truncate: bool = True,
 ) -> list[TokenizedExample]:
-    """Token ids (chat template + answer + EOS) of each example, middle-truncated to ``max_tokens``; ``categories``
-    gives each category name its index."""
+    """Token ids (chat template + answer + EOS) of each example, middle-truncated to ``max_tokens`` (``truncate``;
+    else kept whole); ``categories`` gives each category name its index."""
     from tqdm.auto import tqdm
 
     from elastic_bench.tasks.base import render
@@ -589,7 +590,7 @@ def tokenize(
         prompt = render(tokenizer, ex.prompt)
         answer = tokenizer(ex.answer, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
         excess = len(prompt) + len(answer) - max_tokens
-        if excess > 0:
+        if excess > 0 and truncate:
             if excess > len(prompt) - 2:
                 raise ValueError(f"an answer of {len(answer)} tokens does not fit max_tokens={max_tokens}")
             head = (len(prompt) - excess) // 2
@@ -597,6 +598,22 @@ def tokenize(
         ids = torch.tensor(prompt + answer, dtype=torch.int64)
         out.append(TokenizedExample(ids, len(prompt), index[ex.category]))
     return out
+
+
+def in_range(samples: list[TokenizedExample], min_tokens: int, max_tokens: int,
+             categories: list[str]) -> list[TokenizedExample]:
+    """The samples of ``min_tokens`` to ``max_tokens`` tokens, in order: the official Elastic Attention packing leaves
+    out the samples outside 1K-64K tokens.
+
+    Raises:
+        ValueError: a category of ``categories`` has no sample left (one line naming it and the range).
+    """
+    kept = [s for s in samples if min_tokens <= len(s.input_ids) <= max_tokens]
+    empty = sorted({s.category for s in samples} - {s.category for s in kept})
+    if empty:
+        raise ValueError(f"no {categories[empty[0]]} sample has {min_tokens}-{max_tokens} tokens (the others are left "
+                         "out); widen the range or middle-truncate the long ones with --length-rule truncate")
+    return kept
 
 
 def pack(samples: list[TokenizedExample], pack_tokens: int, loss_tokens: LossTokens = "answer") -> list[PackedRow]:

@@ -1,7 +1,9 @@
 """What the two gate trainers share: the configuration fields, loading the frozen model, the gate files, the run.
 
 A trainer subclasses `GateTrainConfig` (its own hyper-parameters and defaults) and `GateObjective` (its loss), and
-calls `run_gate_training` with the engine's `RunOptions`, which locks the output folder, loads and freezes the model,
+calls `run_gate_training` with the engine's `RunOptions`, which fits the options left unset to the model
+(`fit_to_model`: the kind of data, sample lengths, passkeys and the streaming window from its positions and tokenizer,
+upstream's values where they fit), locks the output folder, loads and freezes the model,
 builds the passkey data, runs the training engine (`elastic_bench.training.engine.fit`) under `GatedHeads` attention
 and exports at every checkpoint:
 ``full_attention_heads.tsv`` (rows = layers, columns = KV heads: what ``duo_attention pattern=DIR`` and ``prulong
@@ -14,7 +16,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -32,7 +34,7 @@ from elastic_bench.training.engine import (
 )
 
 from ..gates import GATES_FILE
-from .passkeys import PasskeyData, PasskeySamples
+from .passkeys import PasskeyData, PasskeySamples, fit_passkeys
 
 SETTINGS_FILE = "config.json"
 
@@ -43,11 +45,12 @@ class GateTrainConfig:
 
     Attributes:
         model: the frozen model (``tiny:llama``, ``testbed``, ``random:llama-3.1-8b``, a path or hub id).
-        data: the passkey-retrieval training data.
+        data: the training data (passkey retrieval, rows of text, or records: `PasskeyData`).
         steps: optimizer steps.
         batch_size: samples per optimizer step, over all ranks (a multiple of the number of ranks).
-        sink: sink tokens of the streaming branch in training.
-        local: window tokens of the streaming branch in training (the query's own token included).
+        sink: sink tokens of the streaming branch in training; None: the trainer's upstream value (`UPSTREAM_WINDOW`),
+            halved with ``local`` while the two exceed half of the longest sample.
+        local: window tokens of the streaming branch in training (the query's own token included); None: as ``sink``.
         granularity: ``block`` (Block-Sparse-Attention's block streaming, as upstream trains) or ``token``.
         backend: differentiable attention backend (``reference`` or ``flex``); None: reference on CPU, flex on CUDA.
         gradient_checkpointing: recompute the decoder layers in backward (less memory, one more forward).
@@ -60,8 +63,8 @@ class GateTrainConfig:
     data: PasskeyData = field(default_factory=PasskeyData)
     steps: int = 2000
     batch_size: int = 1
-    sink: int = 128
-    local: int = 256
+    sink: int | None = None
+    local: int | None = None
     granularity: Literal["token", "block"] = "block"
     backend: str | None = None
     gradient_checkpointing: bool = False
@@ -69,14 +72,17 @@ class GateTrainConfig:
     dtype: Literal["bfloat16", "float16", "float32"] | None = None
     seed: int = 0
 
+    UPSTREAM_WINDOW: ClassVar[tuple[int, int]]  # (sink, local) of the trainer's upstream recipe
+    DEFAULT_KIND: ClassVar[str]  # `PasskeyData.kind` when unset: what the trainer's paper trains on
+
     def __post_init__(self):
         if isinstance(self.data, dict):
             self.data = PasskeyData(**self.data)
         checks = {
             "steps must be >= 1": self.steps >= 1,
             "batch_size must be >= 1": self.batch_size >= 1,
-            "sink must be >= 0": self.sink >= 0,
-            "local must be >= 1": self.local >= 1,
+            "sink must be >= 0": self.sink is None or self.sink >= 0,
+            "local must be >= 1": self.local is None or self.local >= 1,
             "seed must be >= 0": self.seed >= 0,
         }
         failed = [message for message, ok in checks.items() if not ok]
@@ -85,6 +91,41 @@ class GateTrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def fit_window(sink: int | None, local: int | None, upstream: tuple[int, int], max_length: int) -> tuple[int, int]:
+    """The streaming branch's ``(sink, local)``: given values kept; unset ones start at ``upstream`` and are halved
+    while ``sink + local`` exceeds half of ``max_length`` (so that at least half of the longest sample lies outside
+    the window)."""
+    chosen_sink, chosen_local = upstream
+    while chosen_sink + chosen_local > max_length // 2 and chosen_local > 1:
+        chosen_sink, chosen_local = chosen_sink // 2, chosen_local // 2
+    return (chosen_sink if sink is None else sink), (chosen_local if local is None else local)
+
+
+def fit_to_model(config: GateTrainConfig, tokenizer=None) -> tuple[GateTrainConfig, dict[str, Any]]:
+    """``config`` with every option left unset (None) chosen for its model's positions and tokenizer (the sample
+    lengths and passkeys: `fit_passkeys`; the streaming window: `fit_window`), and ``{field: value}`` of what was
+    chosen. Reads the model's config and tokenizer, not its weights.
+
+    Raises:
+        ValueError: given values that cannot hold (one line): ``max_length`` above the model's positions, passkeys
+            that do not fit (see `fit_passkeys`).
+    """
+    from elastic_bench.modeling.loading import load_tokenizer, max_positions
+
+    positions = max_positions(config.model)
+    if config.data.max_length is not None and config.data.max_length > positions:
+        raise ValueError(f"--max-length {config.data.max_length} exceeds the {positions} positions of {config.model}")
+    kind = config.data.kind or (None if config.data.records else config.DEFAULT_KIND)
+    data = fit_passkeys(dataclasses.replace(config.data, kind=kind), tokenizer or load_tokenizer(config.model),
+                        positions)
+    sink, local = fit_window(config.sink, config.local, config.UPSTREAM_WINDOW, data.max_length)
+    fitted = dataclasses.replace(config, data=data, sink=sink, local=local)
+    chosen = {f.name: getattr(data, f.name) for f in dataclasses.fields(data)
+              if getattr(config.data, f.name) is None and getattr(data, f.name) is not None}
+    chosen |= {name: getattr(fitted, name) for name in ("sink", "local") if getattr(config, name) is None}
+    return fitted, chosen
 
 
 class GateObjective(Objective):
@@ -155,6 +196,7 @@ def run_gate_training(config: GateTrainConfig, objective_class: type[GateObjecti
         objective_class: the trainer's objective.
         options: how the run executes (folder, checkpoint interval, time limit, progress bar on rank 0).
     """
+    config, _ = fit_to_model(config)
     ranks = Ranks.from_env(config.device)
     with exclusive(options.output, f"elastic-bench {objective_class.command}", enabled=ranks.is_main):
         return _run(config, objective_class, options, ranks)

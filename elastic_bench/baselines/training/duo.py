@@ -5,12 +5,14 @@ Upstream ``mit-han-lab/duo-attention`` (``duo_attn/train.py``, ``scripts/train.s
 - One gate α per KV head and layer (initialised to 1), the backbone frozen.
 - Each step's forward is the two-way batch of `GatedHeads`: row 0 the teacher (full attention), row 1 the student,
   whose heads output ``α·full(teacher) + (1 − α)·streaming(student)``; streaming in training is upstream's block
-  streaming, sink 128 + 256 (1 sink block, 2 local blocks).
+  streaming, sink 128 + 256 (1 sink block, 2 local blocks; halved for a short context, `fit_window`).
 - Loss: the mean over the QA tokens of the per-token mean over channels of (h_teacher − h_student)², h = the final
   (normed) hidden states, plus ``reg_weight · mean(|α|)``; α is clamped to [0, 1] after every step.
+- The gates are bf16 parameters, as upstream's (``gate_dtype``; fp32 an option), so AdamW steps in bf16.
 - AdamW, lr 0.02, no weight decay, no gradient clipping; the learning rate is ``lr · min(1, max((s + 1)/(N/5), 0.1),
   max((N − s)/(N/5), 0.1))`` (a 20% ramp from a 0.1 floor, flat, a 20% decay to the floor); 2000 steps of one
-  sample; data: 10 passkeys of 32 words at 1,000–32,000 tokens (`PasskeyData`).
+  sample; data: 10 passkeys of 32 words at 1,000–32,000 tokens (`PasskeyData`; fewer, shorter or longer where the
+  model's positions and tokenizer need it, `fit_passkeys`).
 - Not reproduced: Ulysses sequence parallelism (upstream trains a 7B model on 8 GPUs at 32K–128K tokens); here one
   process, or ``torchrun`` data parallelism with FSDP2 over the backbone (``batch_size`` a multiple of the ranks).
 
@@ -23,7 +25,7 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -43,11 +45,18 @@ class DuoTrainConfig(GateTrainConfig):
         lr: AdamW learning rate of the gates.
         reg_weight: weight of the L1 term ``mean(|α|)``.
         initial_value: every gate's value at step 0.
+        gate_dtype: dtype of the gates and their optimizer state: ``bfloat16``, as upstream trains them (parameters of
+            its bf16 model: every value of its released TSVs is bf16-exact, so ties and the order of the heads near a
+            sparsity cut are bf16's), or ``float32``.
     """
 
     lr: float = 0.02
     reg_weight: float = 0.05
     initial_value: float = 1.0
+    gate_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+
+    UPSTREAM_WINDOW: ClassVar[tuple[int, int]] = (128, 256)
+    DEFAULT_KIND: ClassVar[str] = "passkeys"
 
     def __post_init__(self):
         super().__post_init__()
@@ -60,11 +69,11 @@ class DuoTrainConfig(GateTrainConfig):
 
 
 class Gates(nn.Module):
-    """``alpha [L, H]``: one gate per (layer, KV head)."""
+    """``alpha [L, H]``: one gate per (layer, KV head), of ``dtype``."""
 
-    def __init__(self, layers: int, kv_heads: int, value: float):
+    def __init__(self, layers: int, kv_heads: int, value: float, dtype: torch.dtype = torch.float32):
         super().__init__()
-        self.alpha = nn.Parameter(torch.full((layers, kv_heads), float(value)))
+        self.alpha = nn.Parameter(torch.full((layers, kv_heads), float(value), dtype=dtype))
 
 
 class TwoWay(nn.Module):
@@ -100,7 +109,8 @@ class DuoObjective(GateObjective):
         from elastic_bench.modeling.attention import attention_modules
 
         layers = len(attention_modules(model))
-        self.gate_module = Gates(layers, model.config.num_key_value_heads, config.initial_value).to(device)
+        self.gate_module = Gates(layers, model.config.num_key_value_heads, config.initial_value,
+                                 getattr(torch, config.gate_dtype)).to(device)
         alpha = self.gate_module.alpha
         self.modules = {"gates": self.gate_module}
         self.optimizer = torch.optim.AdamW([alpha], lr=config.lr, weight_decay=0.0)

@@ -18,6 +18,10 @@ Upstream ``mit-han-lab/duo-attention``, ``duo_attn/data.py`` (``MultiplePasskeyR
 - Every sample is a pure function of ``(seed, step, slot)``, so a resumed run sees the samples an uninterrupted one
   sees.
 
+Instead of passkeys, ``kind="text"`` (train-prulong's default) makes each sample a row of ``max_length``
+consecutive haystack tokens (the tokenizer's BOS first) at a seeded offset into the haystack's first
+``TEXT_ROWS × max_length`` tokens, every token carrying the loss: natural long text, as PruLong trains.
+
 Instead of passkeys, ``records`` trains on prompt/answer records (`elastic_bench.training.records`: e.g. what
 ``elastic-bench
 testbed data`` writes): each sample is one record, its prompt through the tokenizer's chat template, then the answer,
@@ -32,8 +36,10 @@ sentences, seeded).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -49,6 +55,10 @@ NEEDLE = "Remeber this sequence of words, it's the {ordinal} passkey to the vaul
 QUESTION = "Based on the content of the book, what is the {ordinal} passkey to the vault?\nPasskey: "
 SEPARATOR = "\n\n"
 MULTIPLE = 16  # sample lengths are multiples of this (upstream pads to it)
+UPSTREAM_LENGTHS = (1000, 32000)  # upstream's shortest and longest samples (scripts/train.sh)
+UPSTREAM_PASSKEYS = (10, 32)  # upstream's passkeys per sample and words per passkey
+HAYSTACK_SHARE = 0.25  # a chosen min_length holds the passkeys' tokens and this fraction more of haystack
+TEXT_ROWS = 4  # text rows are cut from the haystack's first TEXT_ROWS × max_length tokens (at least max_length)
 ESSAYS = "ruler/PaulGrahamEssays.json"
 
 
@@ -60,41 +70,54 @@ class PasskeyData:
         haystack: the haystack corpus: a ``.txt``, ``.json`` or ``.jsonl`` file, or ``generated``; None: RULER's essays
             (``ruler/PaulGrahamEssays.json`` under --data-dir) when present, else generated.
         data_dir: data directory searched for RULER's essays (None: ``$ELASTIC_BENCH_DATA``).
-        min_length: shortest sample, in tokens (its total length).
-        max_length: longest sample, in tokens; at most the model's positions.
+        min_length: shortest sample, in tokens (its total length); None: upstream's 1000, or more where the passkeys
+            need it (their tokens and a quarter more of haystack), at most ``max_length``.
+        max_length: longest sample, in tokens; at most the model's positions; None: upstream's 32000, or the model's
+            positions when fewer.
         num_lengths: lengths between the two (``linspace``).
-        num_passkeys: passkeys per sample (at most 20).
-        passkey_length: words per passkey.
+        num_passkeys: passkeys per sample (at most 20); None: upstream's 10, fewer where 10 would take more than half
+            of ``max_length``.
+        passkey_length: words per passkey; None: upstream's 32, halved while one passkey would still take more than
+            half of ``max_length``.
         passkey_words: the words passkeys are drawn from: ``nato`` (upstream's), ``digits``, a file of words (one per
             line), or ``auto`` (nato, or digits when the tokenizer spells a NATO word with its unknown token).
         min_depth, max_depth: range of needle depths (fraction of the context).
         depth_intervals: depths between the two (``linspace``).
+        kind: what a sample is: ``passkeys`` (the multi-passkey retrieval above, the loss on its QA part) or ``text``
+            (a row of ``max_length`` consecutive haystack tokens at a seeded offset, natural text when the haystack
+            is a corpus, the loss on every token: ProLong's packed long documents, which PruLong trains on; the
+            length and passkey options then do not apply); None: the trainer's (train-duo ``passkeys``,
+            train-prulong ``text``).
         records: prompt/answer training records (a ``.jsonl``/``.parquet`` file or a folder of them) used instead of
             the passkey data (the length, passkey and depth options then do not apply; ``max_length`` truncates).
     """
 
     haystack: str | None = None
     data_dir: str | None = None
-    min_length: int = 1000
-    max_length: int = 32000
+    min_length: int | None = None
+    max_length: int | None = None
     num_lengths: int = 50
-    num_passkeys: int = 10
-    passkey_length: int = 32
+    num_passkeys: int | None = None
+    passkey_length: int | None = None
     passkey_words: str = "auto"
     min_depth: float = 0.05
     max_depth: float = 0.95
     depth_intervals: int = 1000
+    kind: Literal["passkeys", "text"] | None = None
     records: str | None = None
 
     def __post_init__(self):
+        lengths_given = self.min_length is not None and self.max_length is not None and self.records is None
         checks = {
-            "min_length must be >= 16": self.min_length >= MULTIPLE,
-            "max_length must be >= min_length": self.max_length >= self.min_length or self.records is not None,
+            "min_length must be >= 16": self.min_length is None or self.min_length >= MULTIPLE,
+            "max_length must be >= 16": self.max_length is None or self.max_length >= MULTIPLE,
+            "max_length must be >= min_length": not lengths_given or self.max_length >= self.min_length,
             "num_lengths must be >= 1": self.num_lengths >= 1,
-            f"num_passkeys must lie in [1, {len(ORDINALS)}]": 1 <= self.num_passkeys <= len(ORDINALS),
-            "passkey_length must be >= 1": self.passkey_length >= 1,
+            f"num_passkeys must lie in [1, {len(ORDINALS)}]": self.num_passkeys is None
+            or 1 <= self.num_passkeys <= len(ORDINALS),
+            "passkey_length must be >= 1": self.passkey_length is None or self.passkey_length >= 1,
             "depths must satisfy 0 <= min_depth <= max_depth <= 1": 0 <= self.min_depth <= self.max_depth <= 1,
-            "depth_intervals must be >= num_passkeys": self.depth_intervals >= self.num_passkeys,
+            "depth_intervals must be >= num_passkeys": self.depth_intervals >= (self.num_passkeys or 1),
         }
         failed = [message for message, ok in checks.items() if not ok]
         if failed:
@@ -138,6 +161,86 @@ class PasskeySample:
         return mask
 
 
+class PromptPieces:
+    """A tokenizer's encodings of the sample's fixed texts (cached), and what a set of passkeys adds to a sample.
+
+    Attributes:
+        prompt1: ``PROMPT1`` encoded with the tokenizer's special tokens (its BOS).
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.prompt1 = tokenizer.encode(PROMPT1, add_special_tokens=True)
+        self._encoded: dict[str, list[int]] = {}
+
+    def encode(self, text: str) -> list[int]:
+        """``text``'s token ids, without special tokens."""
+        if text not in self._encoded:
+            self._encoded[text] = self.tokenizer.encode(text, add_special_tokens=False)
+        return self._encoded[text]
+
+    def needles(self, keys: list[list[int]]) -> list[list[int]]:
+        """The needle of each passkey (token ids ``keys[i]``), without its separators."""
+        return [self.encode(NEEDLE.format(ordinal=ORDINALS[i])) + key for i, key in enumerate(keys)]
+
+    def questions(self, keys: list[list[int]]) -> list[int]:
+        """The QA part: every passkey's question, the passkey and a separator, in order."""
+        sep = self.encode(SEPARATOR)
+        return [t for i, key in enumerate(keys) for t in self.encode(QUESTION.format(ordinal=ORDINALS[i])) + key + sep]
+
+    def overhead(self, keys: list[list[int]]) -> int:
+        """Tokens of a sample that are not haystack: the prompts, the needles with their separators, the QA part."""
+        sep = len(self.encode(SEPARATOR))
+        return (len(self.prompt1) + len(self.encode(PROMPT2)) + len(self.questions(keys))
+                + sum(len(n) + 2 * sep for n in self.needles(keys)))
+
+
+def passkey_tokens(pieces: PromptPieces, words: tuple[str, ...], num_passkeys: int, passkey_length: int) -> int:
+    """The tokens of a sample that are not haystack when each of its ``num_passkeys`` passkeys repeats the word of
+    ``words`` that takes the most tokens ``passkey_length`` times: what the passkeys need at most."""
+    longest = max(words, key=lambda word: len(pieces.encode(" " + word)))
+    key = pieces.encode(" ".join([longest] * passkey_length))
+    return pieces.overhead([key] * num_passkeys)
+
+
+def fit_passkeys(data: PasskeyData, tokenizer, positions: int) -> PasskeyData:
+    """``data`` with the options left unset (None) chosen for a model of ``positions`` positions and its tokenizer, as
+    `PasskeyData` describes; given values are kept.
+
+    Raises:
+        ValueError: given values that cannot hold together (one line naming the flags): a ``min_length`` above the
+            longest sample or below what the passkeys need, passkeys that do not fit in the longest sample.
+    """
+    max_length = data.max_length or min(UPSTREAM_LENGTHS[1], positions)
+    if data.records is not None or data.kind == "text":
+        return replace(data, max_length=max_length)
+    longest = f"--max-length {max_length}" + ("" if data.max_length else " (chosen for the model)")
+    if data.min_length is not None and data.min_length > max_length:
+        raise ValueError(f"--min-length {data.min_length} exceeds {longest}")
+    pieces = PromptPieces(tokenizer)
+    words = passkey_words(data.passkey_words, tokenizer)
+    count = data.num_passkeys or min(UPSTREAM_PASSKEYS[0], data.depth_intervals)
+    size = data.passkey_length or UPSTREAM_PASSKEYS[1]
+    while passkey_tokens(pieces, words, count, size) > max_length // 2:  # fewer passkeys, then shorter ones
+        if data.num_passkeys is None and count > 1:
+            count -= 1
+        elif data.passkey_length is None and size > 1:
+            size //= 2
+        else:
+            break
+    needed = passkey_tokens(pieces, words, count, size)
+    passkeys = f"{count} passkeys of {size} words and their questions"
+    if needed > max_length:
+        raise ValueError(f"{passkeys} take up to {needed} tokens, more than {longest}; lower --num-passkeys / "
+                         "--passkey-length")
+    if data.min_length is not None and data.min_length < needed:
+        raise ValueError(f"min_length {data.min_length} is below the {needed} tokens that {passkeys} take at most; "
+                         "raise --min-length or lower --num-passkeys / --passkey-length")
+    with_haystack = math.ceil(needed * (1 + HAYSTACK_SHARE) / MULTIPLE) * MULTIPLE
+    min_length = data.min_length or min(max_length, max(UPSTREAM_LENGTHS[0], with_haystack))
+    return replace(data, min_length=min_length, max_length=max_length, num_passkeys=count, passkey_length=size)
+
+
 class PasskeySamples(torch.utils.data.Dataset):
     """Item ``step``: the samples of the slots ``rank, rank + world_size, … < per_step`` of that step.
 
@@ -155,13 +258,16 @@ class PasskeySamples(torch.utils.data.Dataset):
         self.examples = _record_samples(data, tokenizer) if data.records else None
         if self.examples is not None:
             return
+        if data.kind == "text":
+            self.bos = tokenizer.encode("", add_special_tokens=True)  # the tokenizer's BOS, if it adds one
+            self.haystack_tokens = haystack_tokens(data.haystack_source(), tokenizer, TEXT_ROWS * data.max_length,
+                                                   seed, minimum=data.max_length)
+            return
         self.lengths = np.linspace(data.min_length, data.max_length, data.num_lengths).astype(np.int64)
         self.depths = np.linspace(data.min_depth, data.max_depth, data.depth_intervals)
         self.words = passkey_words(data.passkey_words, tokenizer)
         self.haystack_tokens = haystack_tokens(data.haystack_source(), tokenizer, data.max_length, seed)
-        self._encode = {text: self.tokenizer.encode(text, add_special_tokens=False)
-                        for text in (PROMPT2, SEPARATOR)}
-        self.prompt1 = self.tokenizer.encode(PROMPT1, add_special_tokens=True)
+        self.pieces = PromptPieces(tokenizer)
         shortest = self.sample(0, 0, length=int(self.lengths.min()), check=False)
         if len(shortest.input_ids) > self.lengths.min():
             raise ValueError(f"min_length {data.min_length} is below the {len(shortest.input_ids)} tokens that "
@@ -176,16 +282,19 @@ class PasskeySamples(torch.utils.data.Dataset):
         if self.examples is not None:
             return self.examples[self._visit(step, slot, len(self.examples))]
         rng = np.random.default_rng([self.seed, step, slot])
+        if self.data.kind == "text":
+            row = self.data.max_length - len(self.bos)
+            start = int(rng.integers(0, len(self.haystack_tokens) - row + 1))
+            return PasskeySample(torch.tensor(self.bos + self.haystack_tokens[start:start + row]), 0)
         if length is None:
             length = int(self.lengths[self._visit(step, slot, len(self.lengths))])
         depths = np.sort(rng.choice(self.depths, self.data.num_passkeys, replace=False))
         keys = [self.tokenizer.encode(" ".join(rng.choice(self.words, self.data.passkey_length)),
                                       add_special_tokens=False) for _ in range(self.data.num_passkeys)]
-        sep = self._encode[SEPARATOR]
-        needles = [self._ordinal(NEEDLE, i) + key for i, key in enumerate(keys)]
-        qa = [t for i, key in enumerate(keys) for t in self._ordinal(QUESTION, i) + key + sep]
-        overhead = len(self.prompt1) + len(self._encode[PROMPT2]) + len(qa) + sum(len(n) + 2 * len(sep)
-                                                                                   for n in needles)
+        pieces = self.pieces
+        sep = pieces.encode(SEPARATOR)
+        needles, qa = pieces.needles(keys), pieces.questions(keys)
+        overhead = pieces.overhead(keys)
         filler = length - overhead  # haystack tokens: the total is `length` rounded down to a multiple of 16 ...
         if filler >= length % MULTIPLE:
             filler -= length % MULTIPLE
@@ -199,7 +308,7 @@ class PasskeySamples(torch.utils.data.Dataset):
             context += hay[last:point] + sep + needle + sep
             last = point
         context += hay[last:]
-        ids = self.prompt1 + context + self._encode[PROMPT2]
+        ids = pieces.prompt1 + context + pieces.encode(PROMPT2)
         sample = PasskeySample(torch.tensor(ids + qa, dtype=torch.int64), len(ids))
         if check and len(sample.input_ids) > self.data.max_length:
             raise ValueError(f"a sample of {len(sample.input_ids)} tokens exceeds max_length {self.data.max_length}")
@@ -210,16 +319,12 @@ class PasskeySamples(torch.utils.data.Dataset):
         epoch, offset = divmod(step * self.per_step + slot, count)
         return int(np.random.default_rng([self.seed, epoch, 7919]).permutation(count)[offset])
 
-    def _ordinal(self, template: str, index: int) -> list[int]:
-        text = template.format(ordinal=ORDINALS[index])
-        if text not in self._encode:
-            self._encode[text] = self.tokenizer.encode(text, add_special_tokens=False)
-        return self._encode[text]
-
     def settings(self) -> dict:
         """What the run's settings record about the data: the haystack's source and the passkey words."""
         if self.examples is not None:
             return {"records": self.data.records, "num_records": len(self.examples)}
+        if self.data.kind == "text":
+            return {"haystack_source": self.data.haystack_source(), "text_tokens": len(self.haystack_tokens)}
         return {"haystack_source": self.data.haystack_source(), "passkey_pool": list(self.words)}
 
 
@@ -260,12 +365,13 @@ def _spellable(words, tokenizer) -> bool:
     return unk is None or all(unk not in tokenizer.encode(" " + w, add_special_tokens=False) for w in words)
 
 
-def haystack_tokens(source: str, tokenizer, max_length: int, seed: int) -> list[int]:
-    """The first tokens (at least ``max_length`` when the corpus has them) of the haystack ``source``.
+def haystack_tokens(source: str, tokenizer, max_length: int, seed: int, minimum: int | None = None) -> list[int]:
+    """The first ``max_length`` tokens of the haystack ``source`` (fewer when the corpus ends first).
 
     Raises:
-        ValueError: the corpus file holds no text, or too little for ``max_length`` tokens.
+        ValueError: the corpus file holds no text, or fewer than ``minimum`` tokens (None: ``max_length``).
     """
+    minimum = max_length if minimum is None else minimum
     budget = 16 * max_length  # characters: enough for max_length tokens of any tokenizer
     text = generated_haystack(budget, seed) if source == "generated" else _corpus_text(Path(source), budget)
     chars = 4 * max_length  # the encoded prefix grows until it holds max_length tokens: never much more than needed
@@ -274,8 +380,8 @@ def haystack_tokens(source: str, tokenizer, max_length: int, seed: int) -> list[
         if len(tokens) >= max_length or chars >= len(text):
             break
         chars *= 2
-    if len(tokens) < max_length:
-        raise ValueError(f"the haystack {source} has {len(tokens)} tokens, fewer than max_length {max_length}")
+    if len(tokens) < minimum:
+        raise ValueError(f"the haystack {source} has {len(tokens)} tokens, fewer than the {minimum} its samples need")
     return tokens[:max_length]
 
 

@@ -6,15 +6,19 @@ Upstream ``princeton-pli/PruLong`` (``prulong/training/l0.py``, ``modeling_flash
 - One ``log α`` per KV head and layer, initialised N(4.0, 0.01) (``reset_masks``); the backbone frozen.
 - Every forward samples ``z = hardtanh(1.2·σ((log u − log(1 − u) + log α)/β) − 0.1, 0, 1)``, ``u ~ U(ε, 1 − ε)``,
   β = 2/3 (the hard-concrete distribution stretched to (−0.1, 1.1)); head ``h`` outputs
-  ``z_h·full + (1 − z_h)·streaming`` (`GatedHeads`); streaming in training: block streaming, sink 128 + 1024.
+  ``z_h·full + (1 − z_h)·streaming`` (`GatedHeads`); streaming in training: block streaming, sink 128 + 1024
+  (halved for a short context, `fit_window`).
 - Loss: the token cross-entropy (on every next token by default, as PruLong's language-modelling objective; or on
   the QA tokens) plus the Lagrangian ``λ1·(s − t) + λ2·(s − t)²``, ``s = 1 − mean(z)`` the sampled sparsity, ``t``
   the target ramped linearly from 0 to ``target`` over the first ``sparsity_warmup`` of the steps; λ1, λ2 start at 0
   and ascend (AdamW ``maximize``).
 - AdamW (0.9, 0.95), weight decay 0.1 on masks and λ, mask lr 1.0, λ lr 1.0, cosine schedule with a 10% warm-up
   (from 0, as transformers' scheduler) down to 1% of the peak, gradient-norm clip 1.0; 1000 steps of 16 samples.
-- The data is DuoAttention's passkey retrieval (`PasskeyData`), as the baselines are compared "under the same
-  environment and data"; upstream trains on ProLong's natural long documents.
+- The data: rows of ``max_length`` consecutive tokens of natural text (`PasskeyData.kind` ``text``: the
+  ``--haystack`` corpus, RULER's essays or generated sentences), the LM loss on every token, as upstream trains on
+  ProLong's packed long documents (131K-token rows); ``kind="passkeys"`` trains on DuoAttention's passkey retrieval
+  instead (what this trainer used before; the Elastic paper compares its baselines "under the same environment and
+  data").
 - Export: the deterministic 0/1 masks at ``target`` sparsity: the ``⌊n·(1 − target)⌋`` heads of largest log α are
   1 (upstream ranks by its deterministic soft mask, which orders heads as log α does except among those it sets to
   0, where it breaks ties at random), in ``full_attention_heads.tsv`` (rows = layers), plus ``log_alpha.tsv``.
@@ -27,7 +31,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -68,7 +72,6 @@ class PruLongTrainConfig(GateTrainConfig):
 
     steps: int = 1000
     batch_size: int = 16
-    local: int = 1024
     target: float = 0.7
     sparsity_warmup: float = 0.8
     warmup_type: Literal["linear", "logarithmic"] = "linear"
@@ -82,6 +85,9 @@ class PruLongTrainConfig(GateTrainConfig):
     grad_clip: float = 1.0
     init_log_alpha: float = 4.0
     loss_tokens: Literal["all", "answer"] = "all"
+
+    UPSTREAM_WINDOW: ClassVar[tuple[int, int]] = (128, 1024)
+    DEFAULT_KIND: ClassVar[str] = "text"
 
     def __post_init__(self):
         super().__post_init__()

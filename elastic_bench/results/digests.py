@@ -1,0 +1,114 @@
+"""What a cell's fingerprint knows its inputs by: content digests of files, cached, and the commits of hub repositories.
+
+Design decisions:
+- A file is known by the SHA-256 of its bytes (`elastic_bench.foundation.files.digest`). Large files (a model's
+  weights, a corpus) are read once per content: the digest is cached in a small JSON file (`cache_path`) under the
+  file's resolved path, size, modification and change times and inode, so that any write to the file (which changes
+  its change time, which no user can set) reads it again. A cache that cannot be read or written is ignored.
+- A set of files (a model folder's weights, configuration and tokenizer) is known by one SHA-256 over each file's
+  name relative to its folder and its digest: the same files give the same digest wherever the folder lies.
+- A learned file that a method loads (a router, gates) is read once: `hold` copies it into a private folder and
+  digests the copy, and the method loads the copy, so the bytes a cell is known by are the bytes it ran with, whatever
+  happens to the original meanwhile.
+- A hub repository is known by the commit its ``main`` resolves to: asked of the hub when it answers, else read from
+  the local Hugging Face cache (what an offline load uses).
+
+No torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from elastic_bench.foundation.files import digest, write_json
+
+CACHE_VAR = "ELASTIC_BENCH_CACHE"
+
+
+def cache_path() -> Path:
+    """The digest cache: ``$ELASTIC_BENCH_CACHE/digests.json``, else ``$XDG_CACHE_HOME/elastic-bench/digests.json``,
+    else ``~/.cache/elastic-bench/digests.json``."""
+    folder = os.environ.get(CACHE_VAR) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / \
+        "elastic-bench"
+    return Path(folder) / "digests.json"
+
+
+def _stamp(path: Path) -> list[int]:
+    info = path.stat()
+    return [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
+
+
+def cached_digest(path: str | Path) -> str:
+    """SHA-256 (hex) of the file ``path``'s bytes, read only when the cache holds none for its current size, times and
+    inode (module header).
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    path = Path(path).resolve()
+    stamp = _stamp(path)
+    cache = cache_path()
+    try:
+        entries = json.loads(cache.read_text())
+        entries = entries if isinstance(entries, dict) else {}
+    except (OSError, ValueError):
+        entries = {}
+    entry = entries.get(str(path))
+    if isinstance(entry, dict) and entry.get("stamp") == stamp and isinstance(entry.get("sha256"), str):
+        return entry["sha256"]
+    sha = digest(path)
+    if _stamp(path) == stamp:  # not written while it was read: worth keeping
+        try:
+            write_json(cache, {**entries, str(path): {"stamp": stamp, "sha256": sha}})
+        except OSError:
+            pass
+    return sha
+
+
+def files_digest(folder: str | Path, files: list[Path]) -> str:
+    """SHA-256 (hex) over ``files`` (paths under ``folder``), each as its path relative to ``folder`` and its
+    `cached_digest`, in sorted order."""
+    sha = hashlib.sha256()
+    for file in sorted(files):
+        sha.update(f"{Path(file).relative_to(folder).as_posix()}\0{cached_digest(file)}\n".encode())
+    return sha.hexdigest()
+
+
+def hold(path: str | Path, folder: str | Path) -> tuple[Path, str]:
+    """Copy the file or folder ``path`` into ``folder`` (a private folder that nothing else writes) and return the copy,
+    under the same name, with its SHA-256 (`elastic_bench.foundation.files.digest`, equal to the original's when the
+    original was not changed while it was copied). Symbolic links inside a folder are copied as the files they name.
+
+    Raises:
+        OSError: ``path`` cannot be read.
+    """
+    path = Path(path)
+    copy = Path(folder) / path.name
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        shutil.copytree(path, copy, symlinks=False)
+    else:
+        shutil.copyfile(path, copy)
+    return copy, digest(copy)
+
+
+def hub_revision(repo_id: str, repo_type: str, online: bool, timeout: float = 5.0) -> str | None:
+    """The commit that ``main`` of the hub repository ``repo_id`` (``repo_type``: ``model`` or ``dataset``) resolves
+    to: the hub's answer when ``online`` and it answers within ``timeout`` seconds, else the local Hugging Face cache's
+    record; None when neither knows it."""
+    from huggingface_hub import HfApi, constants
+
+    if online:
+        try:
+            return HfApi().repo_info(repo_id, repo_type=repo_type, timeout=timeout).sha
+        except Exception:  # noqa: BLE001  (no network, gated, removed: the cache's record is what a load would use)
+            pass
+    ref = Path(constants.HF_HUB_CACHE) / f"{repo_type}s--{repo_id.replace('/', '--')}" / "refs" / "main"
+    try:
+        return ref.read_text().strip() or None
+    except OSError:
+        return None
