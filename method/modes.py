@@ -103,8 +103,12 @@ class ModeConfig:
         return HeadPlan(modes, self.geometry, blocks, self.block_size)
 
     def side_plan(self, full: bool, query: torch.Tensor, key: torch.Tensor) -> HeadPlan:
-        """Every head on one side (the two branches of the training forward)."""
+        """Every head on one side (the two branches of the training forward); the modes on the host where the side
+        selects no blocks (no device sync)."""
         B, H = key.shape[:2]
+        mode = self.sides[0 if full else 1]
+        if mode != Mode.BLOCK_SPARSE:
+            return HeadPlan.uniform(mode, B, H, streaming=self.geometry, block_size=self.block_size)
         return self.plan(torch.full((B, H), full, dtype=torch.bool, device=key.device), query, key)
 
     def _xattention(self, query: torch.Tensor, key: torch.Tensor, heads: torch.Tensor) -> BlockSelection:

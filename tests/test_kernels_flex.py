@@ -73,3 +73,22 @@ def test_flex_is_differentiable(mode):
 
 def _reference(q, k, v, plan, scale):
     return hybrid_attention(q, k, v, plan, scale, backend="reference")
+
+
+def test_a_uniform_host_plan_takes_the_mask_built_once_for_its_shape():
+    # the training forward's branches: every head FULL, or every head STREAMING, at one padded length
+    from elastic_bench.kernels.hybrid.flex import build_block_mask
+
+    geometry = StreamingGeometry(128, 256, "block")
+    streaming = HeadPlan.uniform(Mode.STREAMING, 1, 2, streaming=geometry)
+    first = block_mask(streaming, 4, 1024, 1024, "cpu", with_grad=True)
+    assert block_mask(HeadPlan.uniform(Mode.STREAMING, 1, 2, streaming=geometry), 4, 1024, 1024, "cpu",
+                      with_grad=True) is first
+    fresh = build_block_mask(streaming, 4, 1024, 1024, "cpu", with_grad=True)
+    for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks"):
+        assert torch.equal(getattr(first, name), getattr(fresh, name)), name
+    full = block_mask(HeadPlan.uniform(Mode.FULL, 1, 2, streaming=geometry), 4, 1024, 1024, "cpu", with_grad=True)
+    assert full is not first and (full.kv_num_blocks + full.full_kv_num_blocks)[0, 0, -1] == 8
+    assert block_mask(streaming, 4, 512, 512, "cpu", with_grad=True) is not first  # another shape
+    mixed = HeadPlan(torch.tensor([[0, 1]], dtype=torch.uint8), geometry)
+    assert block_mask(mixed, 4, 1024, 1024, "cpu") is not block_mask(mixed, 4, 1024, 1024, "cpu")

@@ -49,11 +49,30 @@ def _ordered(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def block_mask(plan: HeadPlan, num_query_heads: int, q_len: int, k_len: int, device, with_grad: bool = False):
-    """FlexAttention `BlockMask` of ``plan`` for ``q_len`` queries over ``k_len`` keys (rows per query head).
+    """FlexAttention `BlockMask` of ``plan`` for ``q_len`` queries over ``k_len`` keys (rows per query head). A plan
+    whose modes are on the host and all one mode (a training branch, `HeadPlan.uniform`) takes a mask built once per
+    shape (`_uniform_mask`): it depends on nothing else.
 
     Returns:
         ``BlockMask`` with ``[B, Hq, ceil(q_len / bs), ceil(k_len / bs)]`` block lists, ``bs = plan.block_size``.
     """
+    modes = plan.modes
+    if modes.device.type == "cpu" and plan.blocks is None and modes.numel() and bool((modes == modes[0, 0]).all()):
+        B, H = modes.shape
+        return _uniform_mask(int(modes[0, 0]), B, H, plan.streaming, plan.block_size, num_query_heads, q_len, k_len,
+                             torch.device(device), with_grad)
+    return build_block_mask(plan, num_query_heads, q_len, k_len, device, with_grad)
+
+
+@functools.lru_cache(maxsize=64)
+def _uniform_mask(mode: int, batch_size: int, num_kv_heads: int, streaming, block_size: int, num_query_heads: int,
+                  q_len: int, k_len: int, device: torch.device, with_grad: bool):
+    plan = HeadPlan.uniform(Mode(mode), batch_size, num_kv_heads, streaming=streaming, block_size=block_size)
+    return build_block_mask(plan, num_query_heads, q_len, k_len, device, with_grad)
+
+
+def build_block_mask(plan: HeadPlan, num_query_heads: int, q_len: int, k_len: int, device, with_grad: bool = False):
+    """`block_mask`, built afresh (what `block_mask` caches for a uniform plan)."""
     from torch.nn.attention.flex_attention import BlockMask
 
     B, H = plan.modes.shape
