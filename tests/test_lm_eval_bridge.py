@@ -308,18 +308,33 @@ def test_sparsity_file_matches_the_handle_per_task(tmp_path, monkeypatch, gates)
 def test_bad_model_arguments_end_in_one_line_and_exit_status_2(args, message, capsys):
     status = main(["lm-eval", "run", "--model", "elastic", "--model_args", f"pretrained=tiny:llama,{args}",
                    "--tasks", "toy_generate", "--include_path", str(FIXTURES)])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert status == 2 and message in err[-1] and err[-1].startswith("elastic-bench: error:")
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert status == 2 and not captured.out and len(err) == 1
+    assert message in err[0] and err[0].startswith("elastic-bench: error:")
+
+
+def test_lm_evals_help_still_prints(capsys):
+    assert main(["lm-eval", "run"]) == 0
+    assert "usage: lm-eval run" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("args, message", [
     ({"method": "streaming", "method_lcoal": 8}, "'method_lcoal'; did you mean method_local"),
     ({"method": "streaming", "dtype": "float33"}, "dtype must be auto or a torch dtype name"),
     ({"kernel_backnd": "auto"}, "did you mean kernel_backend"),
+    ({"kernel_backend": "triton"}, "attention backend 'triton' cannot run on cpu"),
+    ({"tp": "two"}, "tp must be a whole number of ranks"),
+    ({"tp": 2}, "tp=2 needs torchrun: torchrun --nproc-per-node 2 -m elastic_bench lm-eval run"),
+    ({"tp_plan": "auto"}, "the elastic model is sharded by tp=N under torchrun"),
+    ({"pretrained": "./no-such-model"}, "no such model folder or file: ./no-such-model"),
 ])
-def test_bad_model_arguments_are_refused_by_name(args, message):
-    with pytest.raises(ValueError, match=message):
-        ElasticLM(pretrained="tiny:llama", device="cpu", **args)
+def test_bad_model_arguments_are_refused_before_the_model_loads(args, message, monkeypatch):
+    from elastic_bench.evaluation import lm_eval_bridge
+
+    monkeypatch.setattr(lm_eval_bridge, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        ElasticLM(**{"pretrained": "tiny:llama", "device": "cpu", **args})
 
 
 def test_model_arguments_are_typed_and_lm_evals_own_pass_through():

@@ -2,8 +2,10 @@
 ``duo_attention``, ``prulong`` and ``xattention``.
 
 Adding a method: a dataclass subclassing `elastic_bench.modeling.interface.Method` in its own module, decorated with
-``@register_method("name")``, imported below (or, outside this package, listed under the ``elastic_bench.methods``
-entry-point group), with tests under ``tests/`` and a line in the README's method table.
+``@register_method("name")``, imported below, its name and each alias declared as an entry point of the
+``elastic_bench.methods`` group in pyproject.toml (``name = "module:Class"``; discovery refuses a method registered but
+not declared, and names are checked against the declarations without importing torch), with tests under ``tests/``
+and a line in the README's method table. A method outside this package is only declared there.
 """
 
 from . import duo_attention, full, prulong, streaming, xattention  # noqa: F401  (registration)

@@ -1,8 +1,23 @@
-"""End-to-end benchmarks of models under methods (``elastic-bench bench prefill``, ``bench decode``)."""
+"""End-to-end benchmarks of models under methods (``elastic-bench bench prefill``, ``bench decode``): what their
+configs check alike, and their tables' cells."""
 
 from __future__ import annotations
 
 from typing import Any
+
+
+def with_router(methods: list[str], router: str | None) -> list[str]:
+    """``methods`` with ``elastic`` added when a ``router`` (``--router``: a checkpoint folder, or ``untrained``) is
+    given. Refuses ``elastic`` without a router, and a router that is not a checkpoint folder (checked without
+    reading its weights)."""
+    if router is None:
+        if "elastic" in methods:
+            raise ValueError("method elastic needs --router DIR (a router checkpoint, or untrained)")
+        return methods
+    from elastic_bench.modeling.interface import get_method
+
+    get_method("elastic", router=router)
+    return methods if "elastic" in methods else [*methods, "elastic"]
 
 
 def formatted(record: dict[str, Any], key: str, spec: str, scale: float = 1.0) -> str:

@@ -14,7 +14,8 @@ from elastic_bench.foundation.options import check_file_output
 
 def _run_bench(module: str, run: str, command: Command, args: argparse.Namespace) -> int:
     """Run the benchmark function ``run`` of ``module`` on the command's config; print its table (the module's
-    ``format_table``) and write its JSON with the provenance and the command line added."""
+    ``format_table``) and write its JSON with the provenance and the command line added (a benchmark returns None on
+    the ranks of a ``torchrun`` that do not report)."""
     from elastic_bench.foundation.files import write_json
     from elastic_bench.modeling.loading import check_device
     from elastic_bench.results.provenance import provenance
@@ -24,6 +25,8 @@ def _run_bench(module: str, run: str, command: Command, args: argparse.Namespace
     check_file_output(config.output)
     bench = importlib.import_module(module)
     report = getattr(bench, run)(config)
+    if report is None:  # a torchrun rank other than the first: rank 0 prints and writes
+        return 0
     report = {"provenance": provenance(report["device"]), "command": "elastic-bench " + shlex.join(args.argv),
               **report}
     print(bench.format_table(report))
@@ -55,7 +58,9 @@ COMMANDS = (
         "and each of --methods: every method's untimed warm-up forward, then --repeats rounds of one timed forward "
         "per method in turn. Prints a table (median and mean seconds, speedup vs full, fraction of the ideal speedup "
         "t_full / (t_floor + (t_full - t_floor)(1 - ΩESR)), ΩMSR, ΩESR, routing time, kernel backend, peak memory) "
-        "and writes JSON with the versions and the device. A method that fails is recorded with its error.",
+        "and writes JSON with the versions and the device. A method that fails is recorded with its error. Under "
+        "torchrun --nproc-per-node N with --tp N the model is sharded over the N ranks as run --tp shards it, each "
+        "timed forward between barriers of the ranks; rank 0 prints and writes.",
     ),
     _bench(
         "decode", "elastic_bench.bench.decode", "DecodeBenchConfig", "run_decode_bench",

@@ -32,7 +32,8 @@ from typing import Any, get_args
 
 import torch
 
-from elastic_bench.bench import formatted, with_provenance
+from elastic_bench.bench import formatted, with_provenance, with_router
+from elastic_bench.foundation.options import check_at_least
 from elastic_bench.kernels.timing import DeviceTimer
 from elastic_bench.modeling.choices import KVCache
 
@@ -49,11 +50,12 @@ class DecodeBenchConfig:
             local folder or a hub id.
         lengths: comma-separated prompt lengths in tokens (e.g. 32K,128K,256K).
         methods: comma-separated methods: full, duo_attention (seeded gates binarised at --omega-msr), streaming,
-            elastic (needs --router); each decodes sparsely where it can. sdpa (transformers' own decode) always runs.
+            elastic (needs --router; --router adds it); each decodes sparsely where it can. sdpa (transformers' own
+            decode) always runs.
         kv_caches: comma-separated KV-cache variants per method: dynamic (transformers' cache), full (packed, every
             token), evicting (packed, streaming heads keep sink + window).
         omega_msr: the sparsity duo_attention binarises its gates at.
-        router: Elastic router checkpoint folder (untrained: seeded untrained routers).
+        router: Elastic router checkpoint folder: adds the elastic method (untrained: seeded untrained routers).
         backend: attention kernel backend passed to apply.
         warmup: untimed decode steps before the timed ones.
         steps: timed decode steps.
@@ -104,12 +106,8 @@ class DecodeBenchConfig:
             raise ValueError("--decode-graphs needs --warmup >= 2 (eager steps before the capture)")
         if self.max_memory is not None and not self.max_memory > 0:
             raise ValueError(f"max_memory must be positive GiB, got {self.max_memory}")
-        if "elastic" in self.methods:
-            from elastic_bench.modeling.interface import get_method
-
-            if self.router is None:
-                raise ValueError("method elastic needs --router DIR (a router checkpoint, or untrained)")
-            get_method("elastic", router=self.router)  # checks the folder without reading it
+        check_at_least("--seed", self.seed, 0)
+        self.methods = with_router(self.methods, self.router)
 
 
 def _method(name: str, model, cfg: DecodeBenchConfig, scratch: str):
@@ -202,9 +200,10 @@ def run_decode_bench(cfg: DecodeBenchConfig) -> dict[str, Any]:
 
     from tqdm import tqdm
 
-    from elastic_bench.modeling.loading import check_device, load_model
+    from elastic_bench.modeling.loading import check_backend, check_device, load_model
 
     device = check_device(cfg.device)
+    check_backend(cfg.backend, device)
     if (cfg.max_memory is not None or cfg.decode_graphs) and device.type != "cuda":
         raise ValueError("--max-memory and --decode-graphs need a CUDA device")
     model, _ = load_model(cfg.model, device=device)

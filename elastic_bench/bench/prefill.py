@@ -1,8 +1,9 @@
 """``elastic-bench bench prefill``: the end-to-end prefill time of a model under each method, beside full attention and
 the floor no sparse method can beat.
 
-One process, one model, batch 1: every measurement is one forward of random token ids (``logits_to_keep=1``,
-``use_cache=False``, `torch.inference_mode`), bf16 on CUDA and fp32 on the CPU.
+One model, batch 1 (in one process, or under ``torchrun`` over the ranks of one tensor-parallel model): every
+measurement is one forward of random token ids (``logits_to_keep=1``, ``use_cache=False``, `torch.inference_mode`),
+bf16 on CUDA and fp32 on the CPU.
 
 Design decisions:
 - Two references at every length, always run first: ``floor`` (the attention replaced by a no-op that returns zeros,
@@ -33,6 +34,14 @@ Design decisions:
   contexts.
 - A method that fails (out of memory at 256K, ...) is recorded with its error and the sweep goes on. Inputs are
   checked before the model loads.
+- Tensor parallelism (``--tp N`` under ``torchrun --nproc-per-node N``): the model is loaded as ``run --tp`` loads it
+  (`elastic_bench.modeling.loading.load_model`, each rank planning its own KV heads; one replica, so ``N`` is every
+  process), every rank takes the same forwards, each timed forward between two barriers of the ranks, and a span's
+  time is the slowest rank's. The seeded head splits and random blocks are drawn over every head and sliced to the
+  rank's, the sparsity tallies are joined over ranks, so ΩMSR, ΩESR and the block density are one process's. The
+  floor and the ideal speedup keep their definitions: the floor is the tensor-parallel forward without attention, so
+  the ranks' communication counts as the part of the forward no sparse method shortens. Ranks agree on every failure
+  (a method that fails on one rank before its collectives is recorded as failed on all); rank 0 returns the report.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import statistics
 import sys
 from collections.abc import Callable, Iterator
@@ -50,12 +60,13 @@ from typing import Any, ClassVar, get_args
 
 import torch
 
-from elastic_bench.bench import formatted, with_provenance
+from elastic_bench.bench import formatted, with_provenance, with_router
 from elastic_bench.kernels import BlockSelection, HeadPlan, Mode, sample_means
 from elastic_bench.kernels.timing import DeviceTimer
 from elastic_bench.method.modes import ModeConfig, ModeName
 from elastic_bench.modeling.attention import attention_implementation
 from elastic_bench.modeling.interface import AttentionCall, Method
+from elastic_bench.modeling.tensor_parallel import TensorParallel, kv_heads, query_heads, tensor_parallel
 
 REFERENCES = ("floor", "full")  # run at every length, first: every ratio needs them
 MODES = get_args(ModeName)
@@ -69,8 +80,8 @@ class PrefillBenchConfig:
     """What ``bench prefill`` measures.
 
     Attributes:
-        model: model spec: random:llama-3.1-8b, random:qwen3-8b (random weights at the real shapes), tiny:llama, a
-            local folder or a hub id.
+        model: model spec: random:llama-3.1-8b, random:qwen3-8b, random:llama-3.1-70b (random weights at the real
+            shapes), tiny:llama, a local folder or a hub id.
         lengths: comma-separated prompt lengths in tokens (e.g. 32K,128K,256K).
         methods: comma-separated methods: full, fa-ssa, fa-xa, xa-ssa (Elastic Attention's modes with a seeded head
             split), duo_attention, streaming, xattention, elastic (needs --router), sdpa (the model's own attention);
@@ -87,9 +98,11 @@ class PrefillBenchConfig:
         repeats: timed forwards per method and length (rounds of one per method), after one untimed warm-up
             forward each.
         seed: seed of the token ids, the head splits, the gates and the random blocks.
-        device: cuda, cpu, cuda:1, ... (none: cuda when available).
-        output: JSON file the results are written to.
+        device: cuda, cpu, cuda:1, ... (none: cuda when available; under torchrun each rank's own GPU).
+        output: JSON file the results are written to (by rank 0 under torchrun).
         progress: show a progress bar.
+        tp: tensor parallelism: under torchrun --nproc-per-node TP, the model sharded over the TP ranks as run --tp
+            shards it, every forward timed on every rank between barriers (a span's time: the slowest rank's).
     """
 
     model: str = "random:llama-3.1-8b"
@@ -106,6 +119,7 @@ class PrefillBenchConfig:
     device: str | None = None
     output: str = "runs/bench/prefill.json"
     progress: bool = True
+    tp: int = 1
 
     def __post_init__(self):
         unknown = [m for m in self.methods if m not in METHODS]
@@ -123,23 +137,12 @@ class PrefillBenchConfig:
             raise ValueError(f"repeats must be >= 1, got {self.repeats}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
-        if self.backend != "auto":
-            from elastic_bench.foundation.registry import did_you_mean
-            from elastic_bench.kernels import backend_names
-
-            if self.backend not in backend_names():
-                raise did_you_mean("attention backend", self.backend, ["auto", *backend_names()])
+        if self.tp < 1:
+            raise ValueError(f"tp must be at least 1, got {self.tp}")
         if self.pattern is not None and not Path(self.pattern).exists():
             raise FileNotFoundError(f"--pattern: no file or folder at {self.pattern} (expected a "
                                     "full_attention_heads.tsv or a folder holding one)")
-        if "elastic" in self.methods and self.router is None:
-            raise ValueError("method elastic needs --router DIR (a router checkpoint, or untrained)")
-        if self.router is not None:
-            from elastic_bench.modeling.interface import get_method
-
-            get_method("elastic", router=self.router)  # checks the folder without reading it
-            if "elastic" not in self.methods:
-                self.methods = [*self.methods, "elastic"]
+        self.methods = with_router(self.methods, self.router)
 
 
 # ---- timing ----------------------------------------------------------------------------------------------------
@@ -199,10 +202,12 @@ class PlanTimer:
         self.selected += int(plan.blocks.counts[heads].sum())
         self.causal += int(heads.sum()) * n * (n + 1) // 2
 
-    @property
-    def density(self) -> float | None:
-        """Selected key blocks over causal blocks of the BLOCK_SPARSE query heads (None without any)."""
-        return self.selected / self.causal if self.causal else None
+    def density(self, shard: TensorParallel | None) -> float | None:
+        """Selected key blocks over causal blocks of the BLOCK_SPARSE query heads, those of every rank of ``shard``
+        (a collective) or of this process (None without any)."""
+        counts = (self.selected, self.causal)
+        selected, causal = shard.sum(counts) if shard else counts
+        return selected / causal if causal else None
 
     def remove(self) -> None:
         vars(self.method).pop("plan", None)
@@ -258,8 +263,9 @@ class SeededModes(Method):
         device = next(model.parameters()).device
         full_mode, sparse_mode = self.config.sides
         for row, module in enumerate(modules):
-            self._full_side[module.layer_idx] = self.full_side[row].to(device)
-            modes = torch.where(self.full_side[row], int(full_mode), int(sparse_mode))
+            mine = self.full_side[row, kv_heads(module)]  # the KV heads this rank holds (all of them without --tp)
+            self._full_side[module.layer_idx] = mine.to(device)
+            modes = torch.where(mine, int(full_mode), int(sparse_mode))
             self._estimates[module.layer_idx] = bool((modes == Mode.BLOCK_SPARSE).any())
 
     def prefill_plan(self, call: AttentionCall) -> HeadPlan:
@@ -272,21 +278,23 @@ class SeededModes(Method):
         return plan
 
     def _random_blocks(self, call: AttentionCall) -> BlockSelection:
-        """Random blocks ``[B, Hq, nB]`` (CSR) for the call's layer and shape, drawn once (one draw per KV head)."""
+        """Random blocks ``[B, Hq, nB]`` (CSR) for the call's layer and shape, drawn once (one draw per KV head of the
+        model, sliced to the query heads this rank holds: a tensor-parallel rank draws what one process draws)."""
         from elastic_bench.kernels.bench import KernelBenchConfig, random_blocks
 
-        B, Hq = call.query.shape[:2]
-        H, length = call.key.shape[1], call.key.shape[2]
+        B, length, config = call.batch_size, call.key.shape[2], call.module.config
         key = (call.layer_idx, B, length)
         if key not in self._blocks:
             if self.config.block_size != 128:
                 raise ValueError(f"random blocks are 128 tokens; the mode's block size is {self.config.block_size}")
             if any(k[2] != length for k in self._blocks):  # keep the blocks of one length only
                 self._blocks.clear()
-            shape = KernelBenchConfig(lengths=[length], batch=B, query_heads=Hq, kv_heads=H, density=self.density)
+            shape = KernelBenchConfig(lengths=[length], batch=B, query_heads=config.num_attention_heads,
+                                      kv_heads=config.num_key_value_heads, density=self.density)
             device = call.query.device
             gen = torch.Generator(device=device).manual_seed(self.seed * 1_000_003 + call.layer_idx)
-            self._blocks[key] = BlockSelection.from_dense(random_blocks(shape, length, device, gen))
+            dense = random_blocks(shape, length, device, gen)[:, query_heads(call.module)]  # [B, rank's Hq, nB, nB]
+            self._blocks[key] = BlockSelection.from_dense(dense)
         return self._blocks[key]
 
 
@@ -327,8 +335,25 @@ def _no_attention(module, query: torch.Tensor, key, value, attention_mask, **kwa
 # ---- the benchmark ---------------------------------------------------------------------------------------------
 
 
-def run_prefill_bench(cfg: PrefillBenchConfig) -> dict[str, Any]:
-    """Run the benchmark; returns ``{"device", "config", "results": [record, ...]}``.
+def check_ranks(cfg: PrefillBenchConfig) -> None:
+    """Refuse a tensor-parallel benchmark that cannot work, in one line before any weights load: the benchmark times
+    one model, so ``torchrun``'s processes are exactly its ``--tp`` ranks; then the model's heads and family
+    (`elastic_bench.modeling.loading.check_placement`, on its config)."""
+    from elastic_bench.modeling.loading import check_placement
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's processes (1 outside it)
+    if world == 1 and cfg.tp > 1:
+        raise ValueError(f"--tp {cfg.tp} needs torchrun: torchrun --nproc-per-node {cfg.tp} -m elastic_bench bench "
+                         f"prefill --tp {cfg.tp} ...")
+    if world != cfg.tp:
+        raise ValueError(f"bench prefill times one model over every torchrun process: give --tp {world}, not --tp "
+                         f"{cfg.tp}")
+    check_placement(cfg.model, cfg.tp, world_size=world)
+
+
+def run_prefill_bench(cfg: PrefillBenchConfig) -> dict[str, Any] | None:
+    """Run the benchmark; returns ``{"device", "tp", "config", "results": [record, ...]}`` (under ``torchrun``, on rank
+    0; None on the other ranks).
 
     A record has ``length, method`` and either ``error`` (the method failed at that length) or ``median_s, mean_s,
     times_s`` (seconds per forward), ``omega_msr, omega_esr``, ``speedup_vs_full``, ``speedup_vs_sdpa``,
@@ -342,17 +367,17 @@ def run_prefill_bench(cfg: PrefillBenchConfig) -> dict[str, Any]:
 
     from tqdm import tqdm
 
-    from elastic_bench.kernels import available_backends
-    from elastic_bench.modeling.loading import check_device, load_model
+    from elastic_bench.modeling.loading import check_backend, check_device, load_model
+    from elastic_bench.training.distributed import Ranks
 
-    device = check_device(cfg.device)
-    if cfg.backend != "auto" and cfg.backend not in available_backends(device):
-        raise ValueError(f"backend {cfg.backend} is not available on {device}; available: "
-                         f"auto, {', '.join(available_backends(device))}")
+    check_ranks(cfg)
+    ranks = Ranks.from_env(cfg.device, cfg.tp)  # joins torchrun's process group
+    device = check_device(ranks.device(cfg.device))
+    check_backend(cfg.backend, device)
     names = [*REFERENCES, *(m for m in dict.fromkeys(cfg.methods) if m not in REFERENCES)]
-    model, _ = load_model(cfg.model, device=device)
+    model, _ = load_model(cfg.model, device=device, tp=cfg.tp)
     bar = tqdm(total=len(cfg.lengths) * len(names) * (cfg.repeats + 1), desc="bench prefill",
-               disable=not cfg.progress, file=sys.stderr)
+               disable=not (cfg.progress and ranks.is_main), file=sys.stderr)
     records: list[dict[str, Any]] = []
     with torch.inference_mode(), tempfile.TemporaryDirectory(prefix="elastic-bench-prefill-") as scratch:
         for length in cfg.lengths:
@@ -365,7 +390,9 @@ def run_prefill_bench(cfg: PrefillBenchConfig) -> dict[str, Any]:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     bar.close()
-    return {"device": str(device), "config": asdict(cfg), "results": records}
+    if not ranks.is_main:
+        return None
+    return {"device": str(device), "tp": cfg.tp, "config": asdict(cfg), "results": records}
 
 
 def _bench_length(names: list[str], model, ids: torch.Tensor, cfg: PrefillBenchConfig, device: torch.device,
@@ -376,13 +403,21 @@ def _bench_length(names: list[str], model, ids: torch.Tensor, cfg: PrefillBenchC
     length = int(ids.shape[1])
     entries: list[_Entry] = []
     errors: dict[str, str] = {}
+    shard = tensor_parallel(model)
 
     def attempt(name: str, step: Callable[..., Any], *args: Any) -> Any:
-        """``step(*args)``, or None with the error recorded for ``name``."""
+        """``step(*args)``, or None with the error recorded for ``name`` when it failed here or, under tensor
+        parallelism, on any rank (the first failing rank's error): the ranks keep taking the same steps."""
+        result = error = None
         try:
-            return step(*args)
+            result = step(*args)
         except Exception as err:  # one failing method (e.g. out of memory) must not end the sweep; the table shows it
-            errors[name] = f"{type(err).__name__}: {err}"[:300]
+            error = f"{type(err).__name__}: {err}"[:300]
+        if shard is not None:
+            error = next((e for e in shard.gather(error) if e), None)
+        if error is None:
+            return result
+        errors[name] = error
         if device.type == "cuda":  # after the except block: its traceback no longer holds tensors
             import gc
 
@@ -459,6 +494,17 @@ class _Entry:
         with apply(self.method, self.model, backend=self.cfg.backend) as handle:
             yield handle
 
+    @contextmanager
+    def _synchronised(self, timed: bool) -> Iterator[None]:
+        """The ranks of a tensor-parallel model meet (a barrier) before and after a timed forward, so each rank times
+        the same forward from the same start; nothing in one process."""
+        shard = tensor_parallel(self.model) if timed else None
+        if shard is not None:
+            torch.distributed.barrier(group=shard.group)
+        yield
+        if shard is not None:
+            torch.distributed.barrier(group=shard.group)
+
     def forward(self, index: int | None) -> None:
         """One forward of the prompt: untimed (``index`` None: the warm-up, which compiles the kernels) or timed forward
         number ``index`` (CUDA events queued without synchronisation; perf_counter on the CPU)."""
@@ -468,7 +514,7 @@ class _Entry:
                 torch.cuda.reset_peak_memory_stats(self.device)
             self.stopwatch.forward = index
             try:
-                with self.stopwatch.span("forward"):
+                with self._synchronised(index is not None), self.stopwatch.span("forward"):
                     out = self.model(input_ids=self.ids, logits_to_keep=1, use_cache=False)
                 del out
             finally:
@@ -492,8 +538,11 @@ class _Entry:
 
     def record(self) -> dict[str, Any]:
         """The timings and statistics of the timed forwards."""
-        repeats = self.cfg.repeats
+        repeats, shard = self.cfg.repeats, tensor_parallel(self.model)
         spans = self.stopwatch.totals(repeats)
+        if shard is not None:  # every rank calls `record` alike (collectives)
+            spans = slowest(shard.gather(spans))
+            self.peak_gib = max(shard.gather(self.peak_gib))
         times = spans["forward"]
         record: dict[str, Any] = {"median_s": statistics.median(times), "mean_s": statistics.mean(times),
                                   "times_s": times}
@@ -515,13 +564,23 @@ class _Entry:
         })
         if "estimation" in spans:
             record["estimation_seconds"] = statistics.median(spans["estimation"])
-        if self.timer.density is not None:
-            record["block_density"] = self.timer.density
+        density = self.timer.density(shard)
+        if density is not None:
+            record["block_density"] = density
         if self.name == "elastic":
             record["mode"] = self.method.routers.config.attention.mode
         if self.name == "duo_attention" and self.cfg.pattern is None:  # not the temporary file's path, gone after
             record["options"]["pattern"] = f"seeded uniform gates (seed {self.cfg.seed})"
         return record
+
+
+def slowest(per_rank: list[dict[str, list[float]]]) -> dict[str, list[float]]:
+    """The spans of the ranks of one model (`Stopwatch.totals` of each) merged: per name and timed forward, the slowest
+    rank's seconds (a name some ranks lack, such as the estimation of a rank without BLOCK_SPARSE heads, from the
+    ranks that have it)."""
+    names = dict.fromkeys(name for spans in per_rank for name in spans)
+    return {name: [max(column) for column in zip(*(spans[name] for spans in per_rank if name in spans))]
+            for name in names}
 
 
 def ideal_speedup(t_full: float, t_floor: float, omega_esr: float) -> float:

@@ -388,8 +388,9 @@ COMMANDS = (
     Command(
         "lm-eval", "run lm-evaluation-harness with a method applied (--model elastic)",
         "lm-evaluation-harness's own command line, with the model `elastic` registered: `elastic-bench lm-eval run "
-        "--model elastic --model_args pretrained=M,method=NAME,method_<knob>=V --tasks T`. Scores follow lm-eval's "
-        "protocol, not the official one of `elastic-bench run`. Needs the lm-eval extra.",
+        "--model elastic --model_args pretrained=M,method=NAME,method_<knob>=V --tasks T` (tp=N in --model_args "
+        "shards the model under torchrun, as run --tp). Scores follow lm-eval's protocol, not the official one of "
+        "`elastic-bench run`. Needs the lm-eval extra.",
         _lm_eval, passthrough=True,
     ),
 )

@@ -10,8 +10,12 @@ reproduces: label such numbers "lm-eval protocol" (docs/benchmarks.md). Needs th
 
 Design decisions:
 - Model arguments are lm-eval's own (`HFLM`'s), ``method=``, ``method_<knob>=`` (typed with the knob's field type:
-  ``true/false/yes/no/none`` and numbers are converted) and ``kernel_backend=``; any other name is refused in one line
-  naming the closest valid ones.
+  ``true/false/yes/no/none`` and numbers are converted), ``kernel_backend=`` and ``tp=``; any other name is refused in
+  one line naming the closest valid ones.
+- User errors end in one line before anything loads: `plan_model` checks the model's arguments (and reads the model's
+  config) before any weights load; the command line (`cli`) also checks them, with lm-eval's parser, configuration
+  and task list, before lm-eval runs, holding back what lm-eval prints meanwhile, then lets lm-eval run on the
+  configuration and tasks it read.
 - Every row is planned on its own tokens. lm-eval right-pads loglikelihood batches and passes no attention mask; the
   bridge records the true row lengths as lm-eval pads them and runs the forward left-aligned with a 2-D mask and
   explicit positions, so routing and sparsity of a row do not depend on its neighbours (generation is left-padded
@@ -32,7 +36,9 @@ Design decisions:
   rows: equal arguments have equal sparsity.
 - Processes: given a loaded model, lm-eval's `HFLM` forgoes its distributed setup (rank 0, world size 1), so under
   ``torchrun`` every process evaluates every request and only ``LOCAL_RANK`` 0 writes files; its samples carry every
-  request's values.
+  request's values. With ``tp=N`` the model is sharded over ``N`` ranks as ``run --tp`` shards it (`load_model`'s
+  ``tp``); the ranks run the same requests in the same order, so `MethodHandle.stats` / ``decisions`` (collectives
+  that join the ranks' heads) are called alike on every rank and give one process's sparsity.
 """
 
 from __future__ import annotations
@@ -42,10 +48,12 @@ import dataclasses
 import functools
 import hashlib
 import inspect
+import io
 import itertools
 import json
 import logging
 import math
+import os
 import sys
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -67,11 +75,19 @@ from elastic_bench.foundation.registry import did_you_mean
 from elastic_bench.kernels import Mode, causal_pairs, sample_means
 from elastic_bench.modeling.attention import apply
 from elastic_bench.modeling.generation import LeftPadded, generate, stop_ids
-from elastic_bench.modeling.interface import REGISTRY, get_method
-from elastic_bench.modeling.loading import check_device, load_model
+from elastic_bench.modeling.interface import REGISTRY, Method, get_method
+from elastic_bench.modeling.loading import (
+    ModelSource,
+    check_backend,
+    check_device,
+    check_placement,
+    load_model,
+    resolve_model,
+)
+from elastic_bench.training.distributed import Ranks
 
 HFLM_ARGS = [name for name in inspect.signature(HFLM.__init__).parameters if name not in ("self", "kwargs")]
-OUR_ARGS = ["method", "kernel_backend"]
+OUR_ARGS = ["method", "kernel_backend", "tp"]
 WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False, "none": None, "null": None}
 logger = logging.getLogger(__name__)
 REPORT_KEY = "elastic_bench"  # where the method and its sparsity go in lm-eval's results config and samples
@@ -87,17 +103,25 @@ class ElasticLM(HFLM):
         method: registered method name; its knobs are given as ``method_<knob>=value``.
         kernel_backend: kernel backend of `hybrid_attention` (``auto``, ``reference``, ``triton``, ...).
         dtype: weights dtype (``"bfloat16"``, ``torch.float32``, ...); ``"auto"`` or None: bf16 on CUDA, fp32 on CPU.
-        device: ``"cuda"``, ``"cpu"``, ...; None: CUDA when available, else the CPU (as lm-eval's ``hf``).
+        device: ``"cuda"``, ``"cpu"``, ...; None: CUDA when available, else the CPU (as lm-eval's ``hf``). Under
+            tensor parallelism, each rank takes the device of its ``LOCAL_RANK`` of that type (``cuda:<local rank>``).
+        tp: ranks per model under ``torchrun``: the model sharded by transformers' tensor-parallel plan, as ``run
+            --tp`` shards it (`elastic_bench.modeling.tensor_parallel`); every rank runs every request and the
+            sparsity is that of one process holding every head.
         **kwargs: ``method_<knob>`` values and the remaining `HFLM` arguments (``batch_size``, ``max_length``, ...).
 
     Raises:
-        ValueError: an argument that is neither lm-eval's nor ours, or a knob value of the wrong type (one line).
+        ValueError: any argument `plan_model` refuses (one line), before the model loads.
     """
 
     def __init__(self, pretrained: str = "tiny:qwen3", method: str = "full", kernel_backend: str = "auto",
-                 dtype: str | torch.dtype | None = "auto", device: str | None = None, **kwargs: Any):
-        self.method = build_method(method, kwargs)
-        model, tokenizer = load_model(str(pretrained), dtype=_dtype(dtype), device=_device(device))
+                 dtype: str | torch.dtype | None = "auto", device: str | None = None, tp: int | str = 1,
+                 **kwargs: Any):
+        plan = plan_model(pretrained, method, kernel_backend, dtype, device, tp, kwargs)
+        if plan.fell_back:
+            logger.warning("device %s is not available; using %s", device, plan.device)
+        self.method = plan.method
+        model, tokenizer = load_model(plan.source, dtype=plan.dtype, device=_rank_device(plan), tp=plan.tp)
         self._applied = apply(self.method, model, backend=kernel_backend)
         self.handle = self._applied.__enter__()
         self._row_lengths: list[int] | None = None  # true lengths of the rows of the batch lm-eval just padded
@@ -352,8 +376,8 @@ def request_key(args: tuple) -> str:
 
 @contextlib.contextmanager
 def _replaced(owner: Any, name: str, value: Any) -> Iterator[None]:
-    """``owner.name`` is ``value`` inside the block."""
-    previous = getattr(owner, name)
+    """``owner.name`` is ``value`` inside the block (a class's own descriptor, a classmethod say, is put back)."""
+    previous = inspect.getattr_static(owner, name)
     setattr(owner, name, value)
     try:
         yield
@@ -362,6 +386,85 @@ def _replaced(owner: Any, name: str, value: Any) -> Iterator[None]:
 
 
 # ---- model arguments ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelPlan:
+    """What `ElasticLM` loads, every argument checked (`plan_model`).
+
+    Attributes:
+        method: the method, its knobs set.
+        source: the model spec resolved (`elastic_bench.modeling.loading.resolve_model`), its config read.
+        dtype: the weights dtype; None: the loader's default.
+        device: the device asked for, or the fallback where this machine lacks it (``fell_back``).
+        tp: ranks per model under ``torchrun`` (1: the whole model in each process).
+        fell_back: whether the device asked for is missing here and ``device`` is CUDA when present, else the CPU.
+    """
+
+    method: Method
+    source: ModelSource
+    dtype: torch.dtype | None
+    device: torch.device
+    tp: int
+    fell_back: bool = False
+
+
+def plan_model(pretrained: Any, method: str, kernel_backend: str, dtype: str | torch.dtype | None,
+               device: str | None, tp: int | str, kwargs: dict[str, Any]) -> ModelPlan:
+    """Check `ElasticLM`'s arguments without loading any weights (the arguments as `ElasticLM` takes them; the
+    ``method_<knob>`` entries of ``kwargs`` are removed from it): the names, the method's knobs, ``tp``, ``dtype``,
+    ``device``, ``kernel_backend`` on that device, and the model spec, whose config is read (a path that names
+    nothing, a hub model neither reachable nor cached, heads that ``tp`` does not divide are refused here).
+
+    Raises:
+        ValueError, FileNotFoundError: what is wrong, in one line.
+    """
+    built = build_method(method, kwargs)
+    for name in ("parallelize", "tp_plan"):
+        if kwargs.get(name):
+            raise ValueError(f"{name} places lm-eval's own hf model; the elastic model is sharded by tp=N under "
+                             "torchrun")
+    ranks = _tp(tp)
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's processes
+    if ranks > 1 and world == 1:
+        raise ValueError(f"tp={ranks} needs torchrun: torchrun --nproc-per-node {ranks} -m elastic_bench lm-eval run "
+                         f"--model elastic --model_args ...,tp={ranks} ...")
+    if ranks > 1 and str(kwargs.get("batch_size", "")).startswith("auto"):
+        raise ValueError("batch_size auto probes memory on one rank; give a number with tp")
+    weights, (placed, fell_back) = _dtype(dtype), _device(device)
+    check_backend(kernel_backend, placed)
+    source = resolve_model(str(pretrained))
+    check_placement(source, ranks, None, world)
+    source.config  # noqa: B018  (read now: a config that cannot be read is refused before the weights load)
+    return ModelPlan(built, source, weights, placed, ranks, fell_back)
+
+
+def check_model_args(args: dict[str, Any]) -> ModelPlan:
+    """`plan_model` of ``ElasticLM(**args)`` (``args`` as lm-eval passes them: ``--model_args`` with its
+    ``batch_size``, ``max_batch_size`` and ``device``); ``args`` is left as it is."""
+    bound = inspect.signature(ElasticLM.__init__).bind(None, **args)
+    bound.apply_defaults()
+    values = {name: value for name, value in bound.arguments.items() if name != "self"}
+    return plan_model(**{**values, "kwargs": dict(values["kwargs"])})
+
+
+def _rank_device(plan: ModelPlan) -> torch.device:
+    """The device this process loads on: the plan's, or under tensor parallelism the one of its ``LOCAL_RANK``
+    (joining torchrun's process group, as ``run --tp`` does)."""
+    if plan.tp == 1:
+        return plan.device
+    return torch.device(Ranks.from_env(plan.device.type, plan.tp).device(plan.device.type))
+
+
+def _tp(value: int | str) -> int:
+    """``tp`` as a whole number (lm-eval gives ``tp=2`` as the int 2; Python callers may give ``"2"``).
+
+    Raises:
+        ValueError: not a whole number (one line; its range is `elastic_bench.modeling.loading.check_placement`'s).
+    """
+    if isinstance(value, bool) or not str(value).strip().lstrip("-").isdigit():
+        raise ValueError(f"tp must be a whole number of ranks (1, 2, 4, ...), got {value!r}")
+    return int(value)
 
 
 def build_method(name: str, kwargs: dict[str, Any]):
@@ -407,9 +510,9 @@ def _word(text: str) -> Any:
     return text
 
 
-def _device(spec: str | None) -> torch.device:
-    """The device ``spec`` names; as lm-eval's ``hf``, one this machine lacks (lm-eval's command-line default
-    ``cuda:0`` on a CPU machine, say) or None gives CUDA when available, else the CPU.
+def _device(spec: str | None) -> tuple[torch.device, bool]:
+    """The device ``spec`` names, and whether it fell back: as lm-eval's ``hf``, one this machine lacks (lm-eval's
+    command-line default ``cuda:0`` on a CPU machine, say) or None gives CUDA when available, else the CPU.
 
     Raises:
         ValueError: ``spec`` is not a device name (one line).
@@ -419,11 +522,9 @@ def _device(spec: str | None) -> torch.device:
     except (RuntimeError, TypeError):
         raise ValueError(f"device must be cpu, cuda or cuda:N (e.g. cuda:0), got {spec!r}") from None
     try:
-        return check_device(requested)
+        return check_device(requested), False
     except ValueError:
-        fallback = check_device(None)
-        logger.warning("device %s is not available; using %s", spec, fallback)
-        return fallback
+        return check_device(None), spec is not None
 
 
 def _dtype(spec: str | torch.dtype | None) -> torch.dtype | None:
@@ -487,10 +588,90 @@ if not getattr(evaluator.evaluate, "elastic_bench", False):
     evaluator.evaluate = _also_sample_sparsity(evaluator.evaluate)
 
 
-def cli(argv: list[str]) -> int:
-    """Run lm-eval's command line with the ``elastic`` model registered."""
-    from lm_eval.__main__ import cli_evaluate
+# ---- the command line --------------------------------------------------------------------------------------------
 
-    sys.argv = ["lm_eval", *argv]
-    cli_evaluate()
+
+def cli(argv: list[str]) -> int:
+    """Run lm-eval's command line with the ``elastic`` model registered.
+
+    Everything a user can get wrong is checked before lm-eval runs, with what lm-eval prints meanwhile held back
+    (`_held_output`), so that it ends in one line (a ValueError): lm-eval's parser's errors (`_parser_error`), its
+    configuration's and task list's, and the elastic model's arguments (`check_model_args`). lm-eval then runs on the
+    configuration and tasks already read.
+
+    Raises:
+        ValueError: a user error (one line).
+    """
+    from lm_eval._cli import HarnessCLI
+    from lm_eval.config.evaluate_config import EvaluatorConfig
+    from lm_eval.utils import setup_logging
+
+    setup_logging()
+    sys.argv = ["lm_eval", *argv]  # lm-eval's parser reads sys.argv (and inserts `run` where a command is missing)
+    parser = HarnessCLI()
+    with _held_output() as printed:
+        try:
+            args = parser.parse_args()
+        except SystemExit as exit_:
+            if exit_.code:
+                raise ValueError(_parser_error(printed.getvalue())) from None
+            return 0  # its help was printed
+        if args.command == "run":
+            config, tasks = _checked_run(args)
+    if args.command != "run":
+        parser.execute(args)
+        return 0
+    with _replaced(EvaluatorConfig, "from_cli", classmethod(lambda cls, namespace: config)), \
+            _replaced(EvaluatorConfig, "process_tasks", lambda self, metadata=None: tasks):
+        parser.execute(args)
     return 0
+
+
+def _checked_run(args: Any) -> tuple[Any, Any]:
+    """lm-eval's configuration of ``lm-eval run`` (``args``: its parsed command line) and its task manager, the
+    elastic model's arguments checked (`check_model_args`) before the tasks are looked up (the slower part).
+
+    Raises:
+        ValueError: a configuration lm-eval refuses, no task or one lm-eval does not know, an elastic model argument,
+            or an argument given both in ``--model_args`` and as lm-eval's own flag (one line).
+    """
+    from lm_eval.config.evaluate_config import EvaluatorConfig
+
+    try:
+        config = EvaluatorConfig.from_cli(args)
+    except TypeError as err:  # a --config file that is not a mapping of lm-eval's fields
+        raise ValueError(f"lm-eval run: {err}") from None
+    if not config.tasks:
+        raise ValueError("lm-eval run needs --tasks (`elastic-bench lm-eval ls tasks` lists them)")
+    if config.model == "elastic":
+        flags = {key: getattr(config, key) for key in ("batch_size", "max_batch_size", "device")}
+        for key, value in flags.items():
+            if value is not None and key in config.model_args:  # lm-eval would pass it twice
+                raise ValueError(f"{key} is lm-eval's --{key}: give it there, not in --model_args")
+        check_model_args({**config.model_args, **{k: v for k, v in flags.items() if v is not None}})
+    return config, config.process_tasks(config.metadata)
+
+
+def _parser_error(printed: str) -> str:
+    """The error argparse printed (its usage, then ``prog: error: message``) as one line: ``prog: message``."""
+    lines = [line for line in printed.splitlines() if line.strip()]
+    return lines[-1].replace(": error: ", ": ", 1) if lines else "lm-eval: invalid command line"
+
+
+@contextlib.contextmanager
+def _held_output() -> Iterator[io.StringIO]:
+    """Inside the block, stdout and stderr (lm-eval's log handler's included) go to memory (the stderr buffer is
+    yielded); written out when the block ends normally, dropped when it raises."""
+    out, err = io.StringIO(), io.StringIO()
+    handlers = [h for h in logging.getLogger("lm_eval").handlers if isinstance(h, logging.StreamHandler)]
+    streams = [h.stream for h in handlers]
+    try:
+        for handler in handlers:  # swapped without `setStream`, which flushes the stream it replaces
+            handler.stream = err
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            yield err
+    finally:
+        for handler, stream in zip(handlers, streams):
+            handler.stream = stream
+    sys.stdout.write(out.getvalue())
+    sys.stderr.write(err.getvalue())

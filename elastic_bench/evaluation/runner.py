@@ -36,8 +36,8 @@ from elastic_bench import tasks as task_registry
 from elastic_bench.evaluation.presets import applies, get_preset
 from elastic_bench.evaluation.presets import label as preset_label
 from elastic_bench.foundation.options import check_fields, check_value
-from elastic_bench.foundation.registry import did_you_mean
-from elastic_bench.modeling.choices import KVCache
+from elastic_bench.foundation.registry import check_declared, did_you_mean
+from elastic_bench.modeling.choices import METHODS_GROUP, KVCache
 from elastic_bench.results.store import Cell, StorageError
 
 if TYPE_CHECKING:
@@ -133,6 +133,8 @@ class RunConfig:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
         if self.preset is not None:
             get_preset(self.preset)
+        # the method names against the installed metadata (`interface.REGISTRY`'s group), importing no method
+        check_declared("method", METHODS_GROUP, [*self.methods, *self.method_options])
         for name in self.method_options:
             if name not in self.methods:
                 raise ValueError(f"options given for method {name!r}, which is not in methods {self.methods}")

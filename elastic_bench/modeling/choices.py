@@ -10,3 +10,7 @@ KVCache = Literal["evicting", "full", "dynamic"]
 """What a generation inside `elastic_bench.apply` decodes with: ``evicting`` (a `PackedCache` whose streaming heads keep
 sink + window only), ``full`` (a `PackedCache` keeping every token; streaming heads decode by mask, as upstream) or
 ``dynamic`` (transformers' `DynamicCache`, attended by the prefill kernels)."""
+
+METHODS_GROUP = "elastic_bench.methods"
+"""The entry-point group that declares every method name and alias (`elastic_bench.foundation.registry.declared`
+reads it without importing a method, `elastic_bench.modeling.interface.REGISTRY` loads from it)."""

@@ -26,6 +26,7 @@ from torch import nn
 from elastic_bench.foundation.options import check_value
 from elastic_bench.foundation.registry import Registry, UnknownNameError, did_you_mean
 from elastic_bench.kernels import HeadPlan, hybrid_attention
+from elastic_bench.modeling.choices import METHODS_GROUP
 
 Phase = Literal["prefill", "chunk", "decode"]
 
@@ -154,7 +155,7 @@ def label_value(value: Any) -> str:
     return f"{last}~{hashlib.sha256(text.encode()).hexdigest()[:10]}"
 
 
-REGISTRY: Registry[type[Method]] = Registry("method", entry_points="elastic_bench.methods")
+REGISTRY: Registry[type[Method]] = Registry("method", entry_points=METHODS_GROUP)
 
 
 def register_method(name: str, *aliases: str):

@@ -7,9 +7,9 @@ checkpoint is dequantized in memory by transformers (``gguf_file``; the ``gguf``
 The tiny models are random weights from a small config (seeded), with tokenizers built offline: byte-level for
 ``tiny:qwen3``, a small subword (byte-level BPE) vocabulary trained on the spot for ``tiny:llama``, so tests see two
 tokenizers of different granularity. They need no download and exist for tests and smoke runs. ``testbed`` is the
-project's own small long-context model, shipped inside the package. ``random:llama-3.1-8b`` / ``random:qwen3-8b`` are
-random weights at the real shapes, built directly on the target device, for speed and memory measurements (with the
-byte-level tokenizer).
+project's own small long-context model, shipped inside the package. ``random:llama-3.1-8b`` / ``random:qwen3-8b`` /
+``random:llama-3.1-70b`` are random weights at the real shapes, built directly on the target device, for speed and
+memory measurements (with the byte-level tokenizer).
 
 A spec is resolved once (`resolve_model`) into a `ModelSource`: its kind, where its files are, its folder label and
 the positions it was trained for; `load_model` and a run take that object, so nothing parses the spec again.
@@ -21,6 +21,7 @@ tensor_parallel`); ``device_map="auto"`` spreads its layers over the GPUs of one
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -44,6 +45,12 @@ RANDOM_PRESETS = {
     "qwen3-8b": dict(arch="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                      num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
                      rope_theta=1000000.0, tie_word_embeddings=False),
+    # the real model's context: llama3 rope scaling of 8K positions by 8 (the 8B preset keeps plain rope over 256K)
+    "llama-3.1-70b": dict(arch="llama", hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                          num_attention_heads=64, num_key_value_heads=8, head_dim=128, vocab_size=128256,
+                          rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                                               high_freq_factor=4.0, original_max_position_embeddings=8192),
+                          max_position_embeddings=131072, tie_word_embeddings=False),
 }
 NAMED_MODELS = [*(f"tiny:{a}" for a in TINY_ARCHITECTURES), "testbed", *(f"random:{p}" for p in RANDOM_PRESETS)]
 
@@ -490,7 +497,8 @@ def _config(arch: str, **fields):
         bos_token_id=None,
         attn_implementation="sdpa",
     )
-    return (Qwen3Config if arch == "qwen3" else LlamaConfig)(**(common | fields))
+    # deep-copied: a config keeps (and may complete) the dicts it is given, such as a preset's rope parameters
+    return (Qwen3Config if arch == "qwen3" else LlamaConfig)(**copy.deepcopy(common | fields))
 
 
 def random_model(preset: str, device: torch.device, dtype: torch.dtype, seed: int = 0):
