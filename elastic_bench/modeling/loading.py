@@ -375,7 +375,7 @@ def check_placement(spec: str | ModelSource, tp: int = 1, device_map: str | None
         try:
             import accelerate  # noqa: F401
         except ImportError:
-            raise ValueError("--device-map auto needs accelerate: pip install accelerate") from None
+            raise ValueError("--device-map auto needs accelerate: pip install 'elastic-bench[device-map]'") from None
     if tp != 1:  # the config is read only for a tensor-parallel run
         tensor_parallel.check(resolve_model(spec).config, tp, world)
 
