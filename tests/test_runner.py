@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from elastic_bench import cli
-from elastic_bench.evaluation.runner import CPU_CAVEAT, RunConfig, format_rows, run
+from elastic_bench.evaluation.runner import RunConfig, run
+from elastic_bench.evaluation.terminal import CPU_CAVEAT, format_rows
 from elastic_bench.modeling import generation
 from elastic_bench.results.store import Cell
 

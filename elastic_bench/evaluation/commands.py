@@ -109,7 +109,8 @@ class CompareConfig:
 
 
 def _run(command: Command, args: argparse.Namespace) -> int:
-    from elastic_bench.evaluation.runner import format_rows, run
+    from elastic_bench.evaluation.runner import run
+    from elastic_bench.evaluation.terminal import format_rows
 
     # The checks that need no torch come first: the output folder, then RunConfig's own (names, values) before its
     # backend and method checks import torch, then the device.
@@ -167,7 +168,8 @@ def _merged_method_options(args: argparse.Namespace) -> dict[str, dict[str, Any]
 
 def _demo(command: Command, args: argparse.Namespace) -> int:
     (demo,) = command.configs_from(args)  # checked before the imports below, which take seconds
-    from elastic_bench.evaluation.runner import RunConfig, format_rows, run
+    from elastic_bench.evaluation.runner import RunConfig, run
+    from elastic_bench.evaluation.terminal import format_rows
     from elastic_bench.modeling.interface import method_names
     from elastic_bench.modeling.loading import TESTBED_DIR
     from elastic_bench.reports import load_cells, summarize, write_report

@@ -1,0 +1,90 @@
+"""The terminal table of a run: one row per cell (`summary_row`), a per-method summary above them, a legend and the
+CPU caveat (`format_rows`). The report (`elastic_bench.reports`) holds the full tables and frontiers."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from elastic_bench.results.store import Cell
+
+
+def summary_row(cell: Cell) -> dict[str, Any]:
+    """One line of the run summary for ``cell``; ``device`` (where it ran) is kept for `format_rows`' CPU caveat and
+    not shown as a column."""
+    metrics = cell.metrics() or {}
+    return {
+        "model": cell.model,
+        "method": cell.method,
+        "task": cell.task,
+        "length": cell.length,
+        "status": metrics.get("status", "missing"),
+        "score": metrics.get("score"),
+        "omega_msr": metrics.get("omega_msr"),
+        "omega_esr": metrics.get("omega_esr"),
+        "prefill_ms": 1000 * metrics["prefill_seconds"] if "prefill_seconds" in metrics else None,
+        "device": metrics.get("device"),
+    }
+
+
+# Decimals per column of the terminal table: scores are 0-100, sparsities fractions.
+_DECIMALS = {"score": 1, "omega_msr": 3, "omega_esr": 3, "prefill_ms": 1}
+_HEADERS = {"omega_msr": "ΩMSR", "omega_esr": "ΩESR"}
+LEGEND = ("score: the task's score (0-100); ΩMSR: share of (layer, KV head) pairs not attending in full; ΩESR: share "
+          "of causal (query, key) pairs skipped;\nprefill_ms: mean prefill of a cell's prompts timed alone. The "
+          "summary gives means over a method's complete cells, and the median of their prefill_ms.")
+CPU_CAVEAT = ("prefill_ms was measured on the CPU, where sparse methods do not run the GPU kernels: it says nothing of "
+              "their speedups.")
+
+
+def format_rows(rows: list[dict[str, Any]], output: str | Path) -> str:
+    """The terminal table of a run's `summary_row` rows: a per-method summary, the per-cell table, a legend naming
+    ``elastic-bench report OUTPUT`` for the full tables, and a caveat line where any prefill ran on the CPU."""
+    from tabulate import tabulate
+
+    if not rows:
+        return "(no cells)"
+    columns = [c for c in rows[0] if c != "device"]
+    table = tabulate([[_format(c, r[c]) for c in columns] for r in rows],
+                     headers=[_HEADERS.get(c, c) for c in columns], disable_numparse=True)
+    summary = tabulate(_method_summary(rows), headers="keys", disable_numparse=True)
+    lines = [summary, "", table, "", LEGEND, f"results: {output} (full tables and frontiers: elastic-bench report "
+             f"{output})"]
+    if any(str(r.get("device") or "").startswith("cpu") and r.get("prefill_ms") is not None for r in rows):
+        lines.append(CPU_CAVEAT)
+    return "\n".join(lines)
+
+
+def _method_summary(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """Per method (in order of appearance): cells complete and failed, mean score, ΩMSR, ΩESR over its complete cells
+    and their median prefill_ms."""
+    summary = []
+    for method in dict.fromkeys(r["method"] for r in rows):
+        mine = [r for r in rows if r["method"] == method]
+        complete = [r for r in mine if r["status"] == "complete"]
+        summary.append({
+            "method": method,
+            "complete": f"{len(complete)}/{len(mine)}",
+            "failed": str(sum(r["status"] == "failed" for r in mine)),
+            **{_HEADERS.get(k, k): _format(k, _over(complete, k, statistics.fmean))
+               for k in ("score", "omega_msr", "omega_esr")},
+            "prefill_ms (median)": _format("prefill_ms", _over(complete, "prefill_ms", statistics.median)),
+        })
+    return summary
+
+
+def _over(rows: list[dict[str, Any]], key: str, reduce: Callable[[list[float]], float]) -> float | None:
+    """``reduce`` of the ``key`` values of ``rows`` that are set; None where none is."""
+    values = [r[key] for r in rows if r[key] is not None]
+    return reduce(values) if values else None
+
+
+def _format(column: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and math.isnan(value):
+        return "nan"
+    return f"{value:.{_DECIMALS[column]}f}" if column in _DECIMALS else str(value)
