@@ -32,7 +32,8 @@ class RecordsConfig:
         model: the model whose tokenizer measures the records and whose positions bound their lengths: tiny:qwen3,
             tiny:llama, testbed, a local model folder, a GGUF file (or a folder holding one) or a hub id; its weights
             are not loaded.
-        output: the JSON Lines file written (atomically; plain records with category, task, length and tokens).
+        output: the JSON Lines file `write_router_records` writes (atomically; plain records with category, task,
+            length and tokens).
         lengths: record lengths in tokens, the prompt through the chat template plus the answer (e.g. 2K,8K); none:
             powers of two from min_length up to the model's positions capped at max_length, that top included.
         min_length: the shortest of the default lengths.
@@ -66,7 +67,6 @@ class RecordsConfig:
         check_at_least("--max-length", self.max_length, self.min_length)
         check_at_least("--samples", self.samples, 1)
         check_at_least("--seed", self.seed, 0)
-        check_file_output(self.output)
         known = task_names()
         for name in self.tasks or ():
             if name not in known:
@@ -82,6 +82,7 @@ def write_router_records(config: RecordsConfig) -> int:
         ValueError: a length exceeds the model's positions, or none of a category's tasks fits it.
         FileNotFoundError: the corpus, or the punkt model that splits it, is missing.
     """
+    check_file_output(config.output)
     records = make_router_records(config)
     write_jsonl(config.output, records)
     print(f"{len(records)} records written to {config.output}")

@@ -313,14 +313,10 @@ def test_malformed_command_lines_end_in_one_line_before_any_model_loads(paths, c
     for index in range(CASES):
         command = COMMANDS[index] if index < len(COMMANDS) else rng.choices(COMMANDS, WEIGHTS)[0]
         argv = make_case(rng, command, options[command], paths, index)
-        try:
-            code = cli.main(argv)
-        except SystemExit as exit_:  # argparse's own errors
-            code = exit_.code
-        except Reached as stop:
-            failures.append(f"{argv}: reached {stop} (the case was not refused)")
+        code, out, err = outcome(argv, capsys)
+        if isinstance(code, str):
+            failures.append(f"{argv}: {code} (the case was not refused)")
             continue
-        out, err = capsys.readouterr()
         lines = err.strip().splitlines()
         if code != 2 or len(lines) != 1 or "Traceback" in err + out:
             failures.append(f"{argv}: exit {code}, stderr {err!r}")
@@ -329,6 +325,20 @@ def test_malformed_command_lines_end_in_one_line_before_any_model_loads(paths, c
             before = digest(paths["results"])
     assert not any(paths["scratch"].glob("out*")) and not any(paths["folder"].iterdir())
     assert not failures, f"{len(failures)} of {CASES} cases:\n" + "\n".join(failures)
+
+
+def outcome(argv: list[str], capsys) -> tuple[int | str | None, str, str]:
+    """``elastic-bench ARGV`` run in-process: its exit status (argparse's own too), stdout and stderr; the status is
+    ``"reached X"`` where the case got as far as X, a patched model load or the work itself (`Reached`)."""
+    try:
+        code = cli.main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    except Reached as stop:
+        capsys.readouterr()  # what it printed on the way is not the next case's
+        return f"reached {stop}", "", ""
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 # ``lm-eval``'s arguments are lm-eval's own and the `elastic` model's: every error among them, lm-eval's parser's, its
@@ -374,14 +384,10 @@ def test_malformed_lm_eval_command_lines_end_in_one_line_before_any_model_loads(
     for case in LM_EVAL_CASES:
         argv = ["lm-eval", *(word.format(**configs) for word in case), "--include_path", str(LM_EVAL_FIXTURES),
                 "--output_path", str(paths["scratch"] / "lm-eval")]
-        try:
-            code = cli.main(argv)
-        except SystemExit as exit_:
-            code = exit_.code
-        except Reached as stop:
-            failures.append(f"{argv}: reached {stop} (the case was not refused)")
+        code, out, err = outcome(argv, capsys)
+        if isinstance(code, str):
+            failures.append(f"{argv}: {code} (the case was not refused)")
             continue
-        out, err = capsys.readouterr()
         lines = err.strip().splitlines()
         if code != 2 or out or len(lines) != 1 or not lines[0].startswith("elastic-bench: error: "):
             failures.append(f"{argv}: exit {code}, stdout {out!r}, stderr {err!r}")
