@@ -178,6 +178,17 @@ class Elastic(Method):
         directory = self.router_dir(model_dir)
         return {} if directory is None else {"router": directory}
 
+    def hold(self, name: str, path: Path, folder: Path) -> Path:
+        """The router checkpoint as `load_routers` reads it from ``path`` (an elastic-bench folder or a released model's
+        folder), written anew into ``folder`` (`save_routers`): a run holds the routers alone, not a released model's
+        other weights nor a training folder's log and resume state, and a router is known by its weights and
+        configuration wherever they were read from."""
+        if name != "router":
+            return super().hold(name, path, folder)
+        from elastic_bench.method import load_routers, save_routers
+
+        return save_routers(load_routers(path), folder)
+
     def setup(self, model: nn.Module) -> None:
         from elastic_bench.method import ModeConfig, RouterConfig, load_routers
 

@@ -126,7 +126,8 @@ class RouterTrainConfig:
         device: where the backbone runs; None: CUDA when available (one GPU per rank under ``torchrun``).
         dtype: the backbone's dtype (``bfloat16``, ``float16``, ``float32``); None: bf16 on CUDA, fp32 on CPU.
         seed: router initialisation, λ initialisation, row order and Gumbel noise.
-        eval_samples: prompts per category for the final hard-ΩMSR evaluation.
+        eval_samples: prompts per category for the final hard-ΩMSR evaluation, evenly spaced over the category's
+            samples in data order (`spread`: the records of every length).
     """
 
     model: str = "tiny:qwen3"
@@ -505,9 +506,19 @@ def _data(config: RouterTrainConfig, tokenizer, progress: bool) -> tuple[list[st
     rows = pack(samples, config.pack_tokens, config.loss_tokens)
     picked: list = []
     for index in range(len(categories)):
-        picked += [s for s in samples if s.category == index][: config.eval_samples]
+        picked += spread([s for s in samples if s.category == index], config.eval_samples)
     prompts = [dataclasses.replace(s, input_ids=s.input_ids[: s.prompt_len]) for s in picked]
     return categories, rows, pack(prompts, config.pack_tokens, config.loss_tokens)
+
+
+def spread(items: list, count: int) -> list:
+    """``count`` of ``items`` at evenly spaced positions, first and last included (all of them when there are no more):
+    records come ordered by length, so the final evaluation sees every length, not the shortest ``count``."""
+    if count >= len(items):
+        return list(items)
+    if count <= 1:
+        return list(items[:count])
+    return [items[round(i * (len(items) - 1) / (count - 1))] for i in range(count)]
 
 
 def model_records(config: RouterTrainConfig, tokenizer, progress: bool) -> list[dict[str, Any]]:

@@ -293,7 +293,7 @@ def routing_map(comparison: Comparison, config: Config, key: str, index: int) ->
             sns.heatmap(maps[category], vmin=0, vmax=1, cmap="rocket_r", annot=annotate, fmt=".2f", square=False,
                         cbar=k == len(categories) - 1, cbar_kws={"label": "fraction of prompts FULL"}, ax=ax,
                         linewidths=0.5, linecolor="white")
-            ax.set_title(f"{category} ({len(by_category[category])} prompts)")
+            ax.set_title(f"{category}\n{len(by_category[category])} prompts", fontsize="medium")
             ax.set_xlabel("KV head")
             ax.set_ylabel("layer" if k == 0 else "")
         fig.suptitle(f"{config.label}: fraction of prompts routed FULL")

@@ -10,6 +10,7 @@ import torch
 from fixtures.cli import main, one_line, tiny_run
 
 from elastic_bench import cli, get_method
+from elastic_bench.evaluation.commands import _method_options
 
 # ---- 1. --debug, internal errors -----------------------------------------------------------------------------------
 
@@ -72,6 +73,14 @@ def test_get_method_checks_ranges_too():
         get_method("streaming", local=0)
     with pytest.raises(ValueError, match=r"^xattention.stride must be >= 1, got 0$"):
         get_method("xattention", stride=0)
+
+
+def test_one_option_given_two_values_is_refused_not_overwritten(capsys, no_model):
+    """``-O elastic.router=a -O elastic.router=b`` would evaluate ``b`` alone; a sweep is one run per value."""
+    code, err = main(["run", "--methods", "elastic", "-O", "elastic.router=a", "-O", "elastic.router=b"], capsys)
+    assert code == 2 and one_line(err).startswith("elastic-bench: error: -O elastic.router is given twice ('a', then "
+                                                  "'b'); a run evaluates one value per option")
+    assert _method_options(["streaming.local=64", "streaming.local=64"]) == {"streaming": {"local": 64}}
 
 
 # ---- 3. gate files ---------------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Router training rows out of range: left out by default (the official packing), middle-truncated on request."""
+"""Router training rows out of range: left out by default (the official packing), middle-truncated on request; the
+final evaluation's prompts spread over the data's lengths."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 
 import pytest
 
-from elastic_bench.method.trainer import RouterTrainConfig, _data
+from elastic_bench.method.trainer import RouterTrainConfig, _data, spread
 from elastic_bench.training.engine import in_range, tokenize
 from elastic_bench.training.records import to_example
 
@@ -42,3 +43,21 @@ def test_the_router_trainer_drops_long_rows_unless_told_to_truncate(rule, kept, 
 def test_an_unknown_length_rule_is_refused():
     with pytest.raises(ValueError, match="length_rule must be 'drop' or 'truncate'"):
         RouterTrainConfig(length_rule="keep")
+
+
+def test_spread_takes_evenly_spaced_items_first_and_last_included():
+    assert spread(list(range(10)), 4) == [0, 3, 6, 9]
+    assert spread(list(range(3)), 5) == [0, 1, 2]
+    assert spread(list(range(5)), 1) == [0] and spread(list(range(5)), 0) == []
+
+
+def test_the_final_evaluation_sees_every_length_of_the_records(tmp_path, tiny_models):
+    """Records come ordered by length (`elastic-bench records`): the evaluation prompts are not the shortest ones."""
+    _, tokenizer = tiny_models["qwen3"]
+    data = tmp_path / "records.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in _records([10] * 6 + [50] * 6)))
+    config = RouterTrainConfig(model="tiny:qwen3", data=str(data), pack_tokens=400, eval_samples=2,
+                               targets={"sensitive": 0.5, "robust": 1.0})
+    _, _, eval_rows = _data(config, tokenizer, progress=False)
+    lengths = sorted(n for row in eval_rows for n in row.prompt_lens)
+    assert len(lengths) == 4 and lengths[1] + 100 < lengths[2]  # per category, one short prompt and one long one

@@ -4,6 +4,7 @@ files are left as they were."""
 
 from __future__ import annotations
 
+import filecmp
 import hashlib
 import json
 import os
@@ -13,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 from fixtures.cli import main, one_line, tiny_run
 from fixtures.tasks_data import write_ruler
 
@@ -178,14 +180,16 @@ def test_a_cell_moved_under_another_task_is_refused(tmp_path, capsys):
 
 
 def test_a_router_swapped_after_the_check_is_not_what_the_cell_loads(tmp_path, capsys, monkeypatch):
-    import torch
     from safetensors.torch import load_file, save_file
 
     from elastic_bench.modeling import loading
 
     router = tmp_path / "router"
     shutil.copytree(TESTBED / "elastic_router", router)
-    held = digest(router)
+    (tmp_path / "router_files").mkdir()  # what the run holds of a router folder: its weights and configuration
+    for name in ("router.safetensors", "router_config.json"):
+        shutil.copy(router / name, tmp_path / "router_files" / name)
+    held = digest(tmp_path / "router_files")
     poisoned = {k: torch.full_like(v, float("nan")) for k, v in load_file(router / "router.safetensors").items()}
     real_load = loading.load_model
 
@@ -204,14 +208,46 @@ def test_a_router_swapped_after_the_check_is_not_what_the_cell_loads(tmp_path, c
     metrics = cell.metrics()
     assert code == 0 and metrics["status"] == "complete"  # the NaN router was never loaded
     assert metrics["fingerprint"]["artifacts"] == {"router": held} != {"router": digest(router)}
-    assert not any((tmp_path / "tmp").iterdir())  # the run's copies are removed
+    assert not list((tmp_path / "tmp").glob("elastic-bench-held-*"))  # the run's copies are removed
 
 
-def test_hold_copies_a_file_or_folder_and_digests_the_copy(tmp_path):
+def test_copy_artifact_copies_a_file_or_folder(tmp_path):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "router_config.json").write_text("{}")
     (tmp_path / "src" / "router.safetensors").write_bytes(b"\x00" * 64)
-    copy, sha = digests.hold(tmp_path / "src", tmp_path / "held")
-    assert copy == tmp_path / "held" / "src" and sha == digest(tmp_path / "src") == digest(copy)
-    copy, sha = digests.hold(tmp_path / "src" / "router_config.json", tmp_path / "held" / "file")
-    assert copy.read_text() == "{}" and sha == hashlib.sha256(b"{}").hexdigest()
+    copy = digests.copy_artifact(tmp_path / "src", tmp_path / "held")
+    assert copy == tmp_path / "held" / "src" and digest(tmp_path / "src") == digest(copy)
+    copy = digests.copy_artifact(tmp_path / "src" / "router_config.json", tmp_path / "held" / "file")
+    assert copy.read_text() == "{}" and digest(copy) == hashlib.sha256(b"{}").hexdigest()
+
+
+def test_a_router_is_held_as_its_weights_and_configuration_alone(tmp_path):
+    """A training folder's log and resume state, or a released model's other weights, are neither copied nor part of
+    the router's digest: the same routers give the same digest wherever they were read from."""
+    from safetensors.torch import load_file, save_file
+
+    from elastic_bench import get_method
+    from elastic_bench.method import RouterConfig, load_routers
+
+    trained = tmp_path / "trained"
+    shutil.copytree(TESTBED / "elastic_router", trained)
+    (trained / "train_state.json").write_text("{}")
+    elastic = get_method("elastic", router=str(trained))
+    copy = elastic.hold("router", trained, tmp_path / "held" / "a")
+    assert sorted(p.name for p in copy.iterdir()) == ["router.safetensors", "router_config.json"]
+    assert filecmp.cmp(copy / "router.safetensors", trained / "router.safetensors", shallow=False)
+    shipped = elastic.hold("router", TESTBED / "elastic_router", tmp_path / "held" / "b")  # no state, no log
+    assert digest(copy) == digest(shipped)
+
+    released = tmp_path / "released"  # the released models' layout: routers inside the model's weights
+    released.mkdir()
+    bank = RouterConfig(2, 2, 16).build()
+    other = {"model.embed_tokens.weight": torch.zeros(8, 4)}  # a released model's other weights
+    save_file({**bank.hf_state_dict(), **other}, str(released / "model.safetensors"))
+    (released / "config.json").write_text(json.dumps({
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "hidden_size": 64,
+        "toggle_type": "xattn", "retrieval_mode": "full", "use_softmax": True}))
+    copy = elastic.hold("router", released, tmp_path / "held" / "c")
+    assert sorted(p.name for p in copy.iterdir()) == ["router.safetensors", "router_config.json"]
+    assert "model.embed_tokens.weight" not in load_file(copy / "router.safetensors")
+    assert all(torch.equal(load_routers(copy).hf_state_dict()[k], v) for k, v in bank.hf_state_dict().items())

@@ -139,7 +139,12 @@ def _run_file_defaults(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _method_options(items: list[str]) -> dict[str, dict[str, Any]]:
-    """``-O METHOD.OPTION=VALUE`` items as ``{method: {option: value}}`` (values read as YAML scalars)."""
+    """``-O METHOD.OPTION=VALUE`` items as ``{method: {option: value}}`` (values read as YAML scalars).
+
+    Raises:
+        ValueError: an item is not ``METHOD.OPTION=VALUE``, or one option is given two different values (a run holds
+            one configuration per method: a sweep is one ``run`` per value into the same folder).
+    """
     import yaml
 
     options: dict[str, dict[str, Any]] = {}
@@ -149,9 +154,14 @@ def _method_options(items: list[str]) -> dict[str, dict[str, Any]]:
         if not sep or not dot or not option:
             raise ValueError(f"method options look like METHOD.OPTION=VALUE (e.g. streaming.local=256); got {item!r}")
         try:
-            options.setdefault(method, {})[option] = yaml.safe_load(raw)
+            value = yaml.safe_load(raw)
         except yaml.YAMLError:
-            options.setdefault(method, {})[option] = raw
+            value = raw
+        given = options.setdefault(method, {})
+        if option in given and given[option] != value:
+            raise ValueError(f"-O {key} is given twice ({given[option]!r}, then {value!r}); a run evaluates one "
+                             f"value per option: for a sweep, run once per value into the same --output")
+        given[option] = value
     return options
 
 

@@ -328,17 +328,17 @@ def cell_description(done: int, total: int, cell: Cell) -> str:
 
 
 def _held(method: Method, source: ModelSource, folder: Path) -> tuple[Method, dict[str, str], dict[str, str]]:
-    """``method`` loading copies, in the private ``folder``, of the learned files it names (`Method.artifacts`, by
-    option name), their SHA-256 by option name (`elastic_bench.results.digests.hold`) and each copy's original (by
-    path, for messages): the bytes a cell is known by are the bytes its method loads, whatever happens to the original
-    files during the run."""
-    from elastic_bench.results.digests import hold
+    """``method`` loading what it loads of the learned files it names (`Method.artifacts`, by option name) from the
+    private ``folder`` (`Method.hold`), the SHA-256 of each by option name (`elastic_bench.foundation.files.digest`)
+    and each copy's original (by path, for messages): the bytes a cell is known by are the bytes its method loads,
+    whatever happens to the original files during the run."""
+    from elastic_bench.foundation.files import digest
 
     paths = method.artifacts(source.path)
-    copies = {name: hold(path, folder / name) for name, path in paths.items()}
-    running = dataclasses.replace(method, **{name: str(copy) for name, (copy, _) in copies.items()})
-    originals = {str(copy): str(paths[name]) for name, (copy, _) in copies.items()}
-    return running, {name: sha for name, (_, sha) in copies.items()}, originals
+    copies = {name: method.hold(name, Path(path), folder / name) for name, path in paths.items()}
+    running = dataclasses.replace(method, **{name: str(copy) for name, copy in copies.items()})
+    originals = {str(copy): str(paths[name]) for name, copy in copies.items()}
+    return running, {name: digest(copy) for name, copy in copies.items()}, originals
 
 
 def _fingerprint(config: RunConfig, method: Method, artifacts: dict[str, str], model_files: str | None

@@ -119,6 +119,14 @@ class Method:
         for a built-in model), by option name: a run identifies its results by their contents. None by default."""
         return {}
 
+    def hold(self, name: str, path: Path, folder: Path) -> Path:
+        """Put into the private ``folder`` what `setup` loads from the learned file or folder ``path`` (the artifact
+        ``name`` of `artifacts`) and return what the run's copy of the method loads instead, by default a copy of
+        ``path``. A run knows its results by the digest of what this returns."""
+        from elastic_bench.results.digests import copy_artifact
+
+        return copy_artifact(path, folder)
+
     def options(self) -> dict[str, Any]:
         """The method's knobs and their values."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

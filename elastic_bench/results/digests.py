@@ -7,9 +7,9 @@ Design decisions:
   its change time, which no user can set) reads it again. A cache that cannot be read or written is ignored.
 - A set of files (a model folder's weights, configuration and tokenizer) is known by one SHA-256 over each file's
   name relative to its folder and its digest: the same files give the same digest wherever the folder lies.
-- A learned file that a method loads (a router, gates) is read once: `hold` copies it into a private folder and
-  digests the copy, and the method loads the copy, so the bytes a cell is known by are the bytes it ran with, whatever
-  happens to the original meanwhile.
+- A learned file that a method loads (a router, gates) is read once: the run puts what the method loads from it into
+  a private folder (`copy_artifact` by default, `Method.hold`), digests that and has the method load it, so the bytes
+  a cell is known by are the bytes it ran with, whatever happens to the original meanwhile.
 - A hub repository is known by the commit its ``main`` resolves to: asked of the hub when it answers, else read from
   the local Hugging Face cache (what an offline load uses).
 
@@ -78,10 +78,9 @@ def files_digest(folder: str | Path, files: list[Path]) -> str:
     return sha.hexdigest()
 
 
-def hold(path: str | Path, folder: str | Path) -> tuple[Path, str]:
-    """Copy the file or folder ``path`` into ``folder`` (a private folder that nothing else writes) and return the copy,
-    under the same name, with its SHA-256 (`elastic_bench.foundation.files.digest`, equal to the original's when the
-    original was not changed while it was copied). Symbolic links inside a folder are copied as the files they name.
+def copy_artifact(path: str | Path, folder: str | Path) -> Path:
+    """Copy the file or folder ``path`` into ``folder`` (a private folder that nothing else writes) and return the
+    copy, under the same name. Symbolic links inside a folder are copied as the files they name.
 
     Raises:
         OSError: ``path`` cannot be read.
@@ -93,7 +92,7 @@ def hold(path: str | Path, folder: str | Path) -> tuple[Path, str]:
         shutil.copytree(path, copy, symlinks=False)
     else:
         shutil.copyfile(path, copy)
-    return copy, digest(copy)
+    return copy
 
 
 def hub_revision(repo_id: str, repo_type: str, online: bool, timeout: float = 5.0) -> str | None:
