@@ -299,7 +299,7 @@ def _config_from_hf(hf: dict[str, Any], tensors: dict[str, torch.Tensor], source
         num_layers=hf["num_hidden_layers"],
         num_kv_heads=hf.get("num_key_value_heads", heads),
         head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-        base_model=hf.get("_name_or_path", source),
+        base_model=hf.get("_name_or_path", Path(source).name),  # the folder's name: the same routers wherever they lie
         hidden_mult=shapes["cls_feat_extractor.0.weight"][0] // shapes["cls_feat_extractor.0.weight"][1],
         attention=attention,
     )

@@ -249,5 +249,7 @@ def test_a_router_is_held_as_its_weights_and_configuration_alone(tmp_path):
         "toggle_type": "xattn", "retrieval_mode": "full", "use_softmax": True}))
     copy = elastic.hold("router", released, tmp_path / "held" / "c")
     assert sorted(p.name for p in copy.iterdir()) == ["router.safetensors", "router_config.json"]
+    moved = shutil.copytree(released, tmp_path / "elsewhere" / "released")
+    assert digest(elastic.hold("router", moved, tmp_path / "held" / "d")) == digest(copy)
     assert "model.embed_tokens.weight" not in load_file(copy / "router.safetensors")
     assert all(torch.equal(load_routers(copy).hf_state_dict()[k], v) for k, v in bank.hf_state_dict().items())
