@@ -21,7 +21,7 @@ def test_the_preset_has_llama_3_1_70b_s_shapes_and_context():
         intermediate_size=28672, vocab_size=128256, max_position_embeddings=131072)
     assert config.rope_parameters == dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
                                           high_freq_factor=4.0, original_max_position_embeddings=8192)
-    assert resolve_model(SPEC).positions == 131072 and resolve_model(SPEC).label == SPEC
+    assert resolve_model(SPEC).positions == 131072 and resolve_model(SPEC).label == "random-llama-3.1-70b"
 
 
 def test_its_config_is_built_anew_each_time():

@@ -32,6 +32,7 @@ def test_unknown_specs_name_valid_ones(spec):
 
 def test_labels_are_folder_safe():
     assert resolve_model("tiny:qwen3").label == "tiny-qwen3"
+    assert resolve_model("random:llama-3.1-8b").label == "random-llama-3.1-8b"  # no ':' in a folder name
     assert resolve_model("meta-llama/Llama-3.1-8B-Instruct").label == "meta-llama--Llama-3.1-8B-Instruct"
 
 

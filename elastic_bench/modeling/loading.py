@@ -150,15 +150,16 @@ class ModelSource:
 
     @cached_property
     def label(self) -> str:
-        """A folder-safe name (``tiny:qwen3`` → ``tiny-qwen3``, ``org/name`` → ``org--name``); for a local checkpoint
-        the model's own name where its files state one (a GGUF's ``general.name``, a config.json's ``_name_or_path``
-        that is a name, not a path), else the GGUF file's stem or the folder's name."""
+        """A folder-safe name (``tiny:qwen3`` → ``tiny-qwen3``, ``random:llama-3.1-8b`` → ``random-llama-3.1-8b``,
+        ``org/name`` → ``org--name``); for a local checkpoint the model's own name where its files state one (a GGUF's
+        ``general.name``, a config.json's ``_name_or_path`` that is a name, not a path), else the GGUF file's stem or
+        the folder's name."""
         if self.gguf is not None:
             name = gguf_metadata(self.gguf, "general.name").get("general.name")
             return (_folder_safe(name) if isinstance(name, str) else "") or self.gguf.stem
         if self.kind == "folder":
             return _folder_safe(_config_name(Path(self.path)) or "") or Path(self.path).resolve().name
-        return self.spec.replace("tiny:", "tiny-").replace("/", "--")
+        return _folder_safe(self.spec)
 
     @cached_property
     def positions(self) -> int:
