@@ -53,7 +53,6 @@ import itertools
 import json
 import logging
 import math
-import os
 import sys
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -83,6 +82,7 @@ from elastic_bench.modeling.loading import (
     check_placement,
     load_model,
     resolve_model,
+    torchrun_world_size,
 )
 from elastic_bench.training.distributed import Ranks
 
@@ -425,7 +425,7 @@ def plan_model(pretrained: Any, method: str, kernel_backend: str, dtype: str | t
             raise ValueError(f"{name} places lm-eval's own hf model; the elastic model is sharded by tp=N under "
                              "torchrun")
     ranks = _tp(tp)
-    world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's processes
+    world = torchrun_world_size()
     if ranks > 1 and world == 1:
         raise ValueError(f"tp={ranks} needs torchrun: torchrun --nproc-per-node {ranks} -m elastic_bench lm-eval run "
                          f"--model elastic --model_args ...,tp={ranks} ...")

@@ -313,7 +313,7 @@ def load_model(spec: str | ModelSource, dtype: torch.dtype | None = None, device
     device = check_device(device, meta=True)
     dtype = dtype or default_dtype(device)
     source = resolve_model(spec)
-    world = _world_size()
+    world = torchrun_world_size()
     check_placement(source, tp, device_map, world)
     tokenizer = load_tokenizer(source)
     if source.kind in ("tiny", "random"):
@@ -364,7 +364,7 @@ def check_placement(spec: str | ModelSource, tp: int = 1, device_map: str | None
     """
     from elastic_bench.modeling import tensor_parallel
 
-    world = _world_size() if world_size is None else world_size
+    world = torchrun_world_size() if world_size is None else world_size
     if device_map is not None:
         if device_map != "auto":
             raise ValueError(f"device_map must be auto, got {device_map!r}")
@@ -381,7 +381,7 @@ def check_placement(spec: str | ModelSource, tp: int = 1, device_map: str | None
         tensor_parallel.check(resolve_model(spec).config, tp, world)
 
 
-def _world_size() -> int:
+def torchrun_world_size() -> int:
     """The processes of this run: ``torchrun``'s ``WORLD_SIZE``, 1 outside it."""
     return int(os.environ.get("WORLD_SIZE", "1"))
 
