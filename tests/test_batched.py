@@ -139,8 +139,9 @@ class EagerGraph:
 @pytest.mark.parametrize("name", ["streaming", "elastic"])
 def test_decode_graphs_are_captured_once_per_batch_shape(testbed, name, monkeypatch):
     """A cell's warm-ups capture the graphs of a batch of one and, on a short prompt, of a batch of two; its prompts
-    alone and two batches of two (a batch of one row after another, of prompts routed differently) replay them
-    without capturing again, and every prompt gets the tokens and cache bytes of eager decoding."""
+    alone, two batches of two (a batch of one row after another, of prompts routed differently) and a last batch of
+    one prompt in the shape of two replay them without capturing again, and every prompt gets the tokens and cache
+    bytes of eager decoding; the rows named timed, and only they, have their prefill's seconds."""
     model, tokenizer, samples = testbed
     monkeypatch.setattr(generation, "fused_ops", lambda model: contextlib.nullcontext())
     captures = []
@@ -159,12 +160,16 @@ def test_decode_graphs_are_captured_once_per_batch_shape(testbed, name, monkeypa
         assert captures == [1, 2]
         alone = [generation.greedy_generate(model, s.input_ids, s.max_new_tokens, stops, decode_graphs=graphs)
                  for s in samples]
-        batches = [generation.generate(model, [s.input_ids for s in pair], [s.max_new_tokens for s in pair],
-                                       [stops] * 2, decode_graphs=graphs) for pair in (samples[:2], samples[1:3])]
+        batches = [generation.generate(model, [s.input_ids for s in group], [s.max_new_tokens for s in group],
+                                       [stops] * len(group), decode_graphs=graphs, timed=timed, rows=2)
+                   for group, timed in ((samples[:2], [True, False]), (samples[1:3], None), (samples[3:], [False]))]
     assert captures == [1, 2] and graphs.captured == [(1, graphs.row_slots), (2, graphs.row_slots)]
     assert [(g.tokens, g.kv_bytes, g.kv_bytes_full) for g in alone] == [e[:3] for e in eager]
     rows = [row for batch in batches for row in batch.rows]
-    assert [(r.tokens, r.kv_bytes, r.kv_bytes_full) for r in rows] == [e[:3] for e in eager[:2] + eager[1:3]]
+    assert [(r.tokens, r.kv_bytes, r.kv_bytes_full) for r in rows] == \
+        [e[:3] for e in eager[:2] + eager[1:3] + eager[3:]]
+    assert [r.prefill_seconds is not None for r in rows] == [True, False, False, False, False]
+    assert rows[0].prefill_seconds > 0 and all(g.prefill_seconds > 0 for g in alone)
 
 
 @pytest.mark.gpu
@@ -205,4 +210,5 @@ def test_a_batched_run_with_decode_graphs_gives_batch_1s_predictions_on_the_gpu(
             assert four.metrics()["status"] == "complete", four.metrics().get("error")
             assert [{k: v for k, v in r.items() if k not in TIMING} for r in four.predictions()] == \
                 [{k: v for k, v in r.items() if k not in TIMING} for r in one.predictions()]
-            assert [r["batch_size"] for r in four.predictions()] == [1, 4, 4, 4, 4, 1]
+            assert [r["batch_size"] for r in four.predictions()] == [3] * 6  # two even batches, the first row timed
+            assert [r["prefill_seconds"] is None for r in four.predictions()] == [False] + [True] * 5

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from elastic_bench import cli
-from elastic_bench.evaluation.runner import RunConfig, run
+from elastic_bench.evaluation.runner import RunConfig, even, run
 from elastic_bench.evaluation.terminal import CPU_CAVEAT, format_rows
 from elastic_bench.modeling import generation
 from elastic_bench.results.store import Cell
@@ -167,18 +167,24 @@ def test_a_run_resolves_its_model_spec_once(tmp_path, monkeypatch):
 
 
 def test_auto_batches_four_on_the_cpu_after_the_timed_prompts(tmp_path, counted_generation):
-    """``batch_size: auto`` is 4 on the CPU: after the one timed prompt, four run as a batch and the last one alone;
-    prompts run alone are timed, the batched ones give the cell's throughput."""
+    """``batch_size: auto`` is 4 on the CPU: after the one timed prompt, run alone, the other five run in the fewest
+    batches of at most four, as even as they can be (three and two); the prompt run alone is timed, the batched ones
+    give the cell's throughput."""
     config = small_config(tmp_path, methods=["full"], lengths=[640], method_options={}, limit=6, batch_size="auto",
                           device="cpu", timed_samples=1)
     run(config)
     cell = Cell(config.output, "tiny-qwen3", "full", "ruler_niah_single_1", 640)
     records, metrics = cell.predictions(), cell.metrics()
-    assert [r["batch_size"] for r in records] == [1, 4, 4, 4, 4, 1] and len(counted_generation) == 2
-    assert [r["prefill_seconds"] is not None for r in records] == [True, False, False, False, False, True]
-    assert all(r["generation_seconds"] > 0 for r in records[1:5]) and "generation_seconds" not in records[0]
-    assert metrics["batch_size"] == "auto" and metrics["batch_size_used"] == 4 and metrics["prefill_samples"] == 2
-    assert metrics["samples_per_second"] == pytest.approx(4 / sum(r["generation_seconds"] for r in records[1:5]))
+    assert [r["batch_size"] for r in records] == [1, 3, 3, 3, 2, 2] and len(counted_generation) == 1
+    assert [r["prefill_seconds"] is not None for r in records] == [True] + [False] * 5
+    assert all(r["generation_seconds"] > 0 for r in records[1:]) and "generation_seconds" not in records[0]
+    assert metrics["batch_size"] == "auto" and metrics["batch_size_used"] == 3 and metrics["prefill_samples"] == 1
+    assert metrics["samples_per_second"] == pytest.approx(5 / sum(r["generation_seconds"] for r in records[1:]))
+
+
+def test_batches_are_as_even_as_they_can_be():
+    assert [even(n, 4) for n in (1, 4, 5, 8, 9, 47)] == [1, 4, 3, 4, 3, 4]
+    assert [even(50, most) for most in (64, 50, 25, 12, 1)] == [50, 50, 25, 10, 1]
 
 
 def test_config_validation_and_yaml(tmp_path):

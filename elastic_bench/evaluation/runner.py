@@ -5,11 +5,13 @@ Design decisions:
   in ``__post_init__`` (unknown methods, method options, tasks and backends fail before the model loads).
 - Samples of a (task, length) are generated once and shared by every method, so methods see identical prompts.
 - Greedy generation. With ``batch_size`` 1 (the paper's setting) every prompt runs alone and its prefill is timed.
-  Larger batches: the cell's first ``timed_samples`` prompts still run alone after the warm-up and alone give the
-  cell's prefill times; the others run ``batch_size`` at a time (left-padded, each routed on its own tokens, finished
-  rows leaving the batch) and give the cell's ``samples_per_second`` and ``decode_ms_per_token`` at that batch, never
-  a prefill time. Their predictions, scores, sparsity and KV bytes are those of batch 1. Follow-up turns (chain of
-  thought) run alone.
+  Larger batches: the cell's first ``timed_samples`` prompts are prefilled with nothing else pending after the warm-up
+  and alone give the cell's prefill times; the prompts run ``batch_size`` at a time (each routed on its own tokens)
+  and give the cell's ``samples_per_second`` and ``decode_ms_per_token`` at that batch, never a prefill time. With
+  decode graphs a batch's prompts are prefilled one at a time into the batch's static cache (the timed ones are the
+  first batch's first rows) and decode together, finished rows riding along; without them a batch is prefilled
+  left-padded, finished rows leave it, and the timed prompts run alone before the batches. Predictions, scores,
+  sparsity and KV bytes are those of batch 1. Follow-up turns (chain of thought) run alone.
 - Under ``torchrun`` every rank (one GPU each) takes every W-th remaining sample of a cell; rank 0 merges the
   predictions and writes the metrics.
 - A cell that fails (out of memory, a malformed record, a missing corpus) is recorded as failed with its error; the
@@ -80,13 +82,13 @@ class RunConfig:
             sink + window only), ``full`` (a packed cache keeping every token, as upstream) or ``dynamic``
             (transformers' DynamicCache attended by the prefill kernels).
         decode_graphs: decode with the model's small operations compiled, the steps replayed as a CUDA graph captured
-            once per batch shape of a cell (CUDA and a packed cache; a cell's smaller last batch decodes eagerly).
-        batch_size: prompts generated together (left-padded, each routed on its own) after a cell's timed ones;
-            ``auto``: the largest batch of the cell's longest prompt that fits on the GPU, found once per length
-            (halved when a batch runs out of memory), 4 on the CPU. Predictions, scores, sparsity and KV bytes are those
+            once per batch shape of a cell (CUDA and a packed cache; a batch's prompts are prefilled one at a time).
+        batch_size: prompts generated together (each routed on its own); ``auto``: the largest batch of the cell's
+            longest prompt that fits on the GPU, found once per length (halved when a batch runs out of memory), 4 on
+            the CPU. A cell's batches are as even as they can be. Predictions, scores, sparsity and KV bytes are those
             of batch 1.
-        timed_samples: with batches, the first N prompts of each cell run alone (batch 1) and give its prefill times;
-            the batched ones give samples_per_second and decode_ms_per_token at their batch.
+        timed_samples: with batches, the first N prompts of each cell are prefilled with nothing else pending and give
+            its prefill times; the batches give samples_per_second and decode_ms_per_token.
         device: cuda, cpu, cuda:1, ... (none: cuda when available).
         dtype: model weights dtype (none: bfloat16 on CUDA, float32 on the CPU).
         progress: show progress bars.
@@ -506,37 +508,56 @@ def _run_cell(inputs: _CellInputs) -> None:
 
 
 def _generate(inputs: _CellInputs, mine: list[Sample], handle, graphs) -> Iterator[dict[str, Any]]:
-    """The prediction records of the cell's samples ``mine``: first those of its first ``timed_samples`` (all of them
-    at batch size 1), each alone with nothing else pending; then the others in batches (a smaller last batch decodes
-    without graphs; a batch that runs out of memory is retried at half the size, which the length then keeps)."""
+    """The prediction records of the cell's samples ``mine``. At batch size 1, each alone. Batched: the first
+    ``timed_samples`` prompts of the cell are prefilled with nothing else pending and timed; with decode graphs they
+    are the first rows of the first batch (each prompt of a batch is prefilled alone there), without them they run
+    alone (batch 1) before the others. The batches are of even size, at most the batch size (a batch that runs out of
+    memory is retried at half the size, which the length then keeps); with graphs every batch decodes in one shape,
+    whose graph is captured before any batch's time is counted, and a smaller last batch leaves rows empty."""
     import torch
 
     from elastic_bench.modeling import generation
 
     config, length = inputs.session.config, inputs.cell.length
-    timed = {s.id for s in inputs.samples[: config.timed_samples]} if config.batch_size != 1 else None
-    for sample in mine:
-        if timed is None or sample.id in timed:
+    if config.batch_size == 1:
+        for sample in mine:
             yield _predict(inputs, sample, handle, graphs)[0]
-    pending = [s for s in mine if timed is not None and s.id not in timed]
-    size = _batch_size(inputs, pending, graphs) if pending else 1
-    shape = min(size, len(pending))  # the cell's batch shape
-    if graphs and shape > 1:  # its graph is captured before any batch's time is counted
-        generation.warm_up(inputs.session.model, pending[0].input_ids[:WARM_TOKENS], graphs, rows=shape)
+        return
+    timed = {s.id for s in inputs.samples[: config.timed_samples]}
+    pending = list(mine)
+    if not graphs:
+        for sample in [s for s in mine if s.id in timed]:
+            yield _predict(inputs, sample, handle, graphs)[0]
+        pending = [s for s in mine if s.id not in timed]
+    size = even(len(pending), _batch_size(inputs, pending, graphs)) if pending else 1
+    warm = 1  # the batch shape whose graph is captured
     while pending:
+        if graphs and size != warm:  # before any batch of the shape is timed
+            generation.warm_up(inputs.session.model, pending[0].input_ids[:WARM_TOKENS], graphs, rows=size)
+            warm = size
         batch = pending[:size]
         try:
-            records = [_predict(inputs, batch[0], handle, graphs)[0]] if len(batch) == 1 else \
-                _predict_batch(inputs, batch, handle, graphs if len(batch) == shape else False)
+            records = [_predict(inputs, batch[0], handle, graphs)[0]] if size == 1 else \
+                _predict_batch(inputs, batch, handle, graphs, timed, size)
         except torch.cuda.OutOfMemoryError:
             if size == 1:
                 raise
+            records = None
+        if records is None:  # out of the except block, which held the failed batch's tensors
+            if graphs:
+                graphs.drop(size)
             torch.cuda.empty_cache()
-            size = inputs.session.batch_sizes[length] = size // 2
-            shape = min(size, len(pending))
+            inputs.session.batch_sizes[length] = size // 2
+            size = even(len(pending), size // 2)
             continue
         yield from records
         pending = pending[size:]
+
+
+def even(prompts: int, most: int) -> int:
+    """The size of the fewest batches of at most ``most`` prompts that hold ``prompts``, as even as they can be (the
+    last one at most one batch-count smaller)."""
+    return math.ceil(prompts / math.ceil(prompts / most))
 
 
 def _batch_size(inputs: _CellInputs, pending: list[Sample], graphs) -> int:
@@ -592,9 +613,11 @@ def _predict(inputs: _CellInputs, sample: Sample, handle, graphs, earlier: tuple
     return record, seconds
 
 
-def _predict_batch(inputs: _CellInputs, samples: list[Sample], handle, graphs) -> list[dict[str, Any]]:
-    """Generate for ``samples`` as one batch under ``handle``; their prediction records, in order. A sample's
-    follow-up turns run alone after the batch (`_predict`)."""
+def _predict_batch(inputs: _CellInputs, samples: list[Sample], handle, graphs, timed: set[str], shape: int
+                   ) -> list[dict[str, Any]]:
+    """Generate for ``samples`` as one batch under ``handle`` (with ``graphs``: in a batch of ``shape`` rows, the
+    prompts ``timed`` prefilled and timed alone); their prediction records, in order. A sample's follow-up turns run
+    alone after the batch (`_predict`)."""
     from elastic_bench.modeling import generation
 
     session, task = inputs.session, inputs.task
@@ -602,17 +625,18 @@ def _predict_batch(inputs: _CellInputs, samples: list[Sample], handle, graphs) -
     batch = generation.generate(
         session.model, [s.input_ids for s in samples], [s.max_new_tokens for s in samples],
         [session.stop_ids | set(s.stop_token_ids) for s in samples], [s.min_new_tokens for s in samples],
-        decode_graphs=graphs, pad_id=session.tokenizer.pad_token_id or 0)
+        decode_graphs=graphs, pad_id=session.tokenizer.pad_token_id or 0,
+        **({"timed": [s.id in timed for s in samples], "rows": shape} if graphs else {}))
     stats, decisions = handle.stats(), handle.decisions()
     share = (batch.prefill_seconds + batch.decode_seconds) / len(samples)
-    timed = {
-        "prefill_seconds": None,  # batched: no prefill time of its own
-        "decode_seconds": None,
-        "decode_ms_per_token": 1000 * batch.decode_seconds / batch.decode_steps if batch.decode_steps else None,
-        "batch_size": len(samples),
-    }
     records = []
     for i, (sample, row) in enumerate(zip(samples, batch.rows)):
+        timed = {
+            "prefill_seconds": row.prefill_seconds,  # a prompt's own only where it was timed alone
+            "decode_seconds": None,
+            "decode_ms_per_token": 1000 * batch.decode_seconds / batch.decode_steps if batch.decode_steps else None,
+            "batch_size": len(samples),
+        }
         prediction = session.tokenizer.decode(row.tokens, skip_special_tokens=True)
         follow_up = task.follow_up(sample, prediction, session.tokenizer)
         if follow_up is None:

@@ -11,12 +11,16 @@ Design decisions:
   its cache rows hold is counted then (`PackedCache.sample_nbytes`), and transformers' ``batch_select_indices``
   drops it, so finished rows cost no decode work.
 - The prefill and the decode steps of a batch are two spans of one `DeviceTimer` (CUDA events on the GPU).
-- Decode graphs (`DecodeGraphs`, CUDA, a packed cache): the batch is prefilled into a static packed cache kept per
-  batch shape (every row at a fixed place with room for the longest prompt and answer, `PackedCache(row_slots=...)`),
-  so the graph of the step captured over one batch reads the next batch of that shape at the same addresses. A shape
-  runs two eager steps (they compile the kernels), then its graph is captured once and replayed by every later batch of
-  that shape. A batch keeps its shape until its last row finishes: finished rows ride along, since a replayed step
-  costs nearly the same for any number of rows and a new shape needs a new graph.
+- Decode graphs (`DecodeGraphs`, CUDA, a packed cache): each prompt is prefilled alone (a prefill is compute-bound, so
+  a batch would not make it faster, and alone it needs neither padding nor a batch's activations) and its packed cache
+  is copied into a static packed cache kept per batch shape (every row at a fixed place with room for the longest
+  prompt and answer, `PackedCache(row_slots=..., rows=...)`), so the graph of the step captured over one batch reads
+  the next batch of that shape at the same addresses. A shape runs two eager steps (they compile the kernels), then
+  its graph is captured once and replayed by every later batch of that shape; a batch with fewer prompts than its
+  shape (a cell's last) leaves the other rows empty. A batch keeps its shape until its last row finishes: finished
+  rows ride along, since a replayed step costs nearly the same for any number of rows and a new shape needs a new
+  graph. Rows named ``timed`` are prefilled with nothing else pending and timed on their own: a prefill time of batch
+  1 within a batch.
 """
 
 from __future__ import annotations
@@ -92,13 +96,14 @@ class LeftPadded:
 @dataclass
 class Row:
     """One prompt's generation in a batch: its ``tokens`` (the stop token excluded), the stop token that ended it
-    (None: its budget or the caller's test did), and the bytes its rows of a packed cache held when it finished, beside
-    those of a `DynamicCache` (None without a packed cache)."""
+    (None: its budget or the caller's test did), the bytes its rows of a packed cache held when it finished, beside
+    those of a `DynamicCache` (None without a packed cache), and its prefill's seconds where it was timed alone."""
 
     tokens: list[int]
     stop_token: int | None = None
     kv_bytes: int | None = None
     kv_bytes_full: int | None = None
+    prefill_seconds: float | None = None
 
 
 @dataclass
@@ -206,14 +211,21 @@ class DecodeGraphs:
         self.captured: list[tuple[int, int]] = []
 
     def cache(self, rows: int, slots: int) -> PackedCache:
-        """The static cache of a batch of ``rows`` rows that need ``slots`` slots each, emptied for a prefill."""
+        """The static cache of a batch of ``rows`` rows that need ``slots`` slots each, emptied for a new batch."""
         cache = self.caches.get(rows)
         if cache is None or cache.row_slots < slots:
             if cache is not None:  # its graph goes with it
                 self.graphs.pop((rows, cache.row_slots), None)
-            cache = self.caches[rows] = PackedCache(row_slots=max(slots, self.row_slots))
+                del self.caches[rows], cache  # released before the larger one is allocated
+            cache = self.caches[rows] = PackedCache(row_slots=max(slots, self.row_slots), rows=rows)
         cache.reset()
         return cache
+
+    def drop(self, rows: int) -> None:
+        """Forget the cache and the graph of batches of ``rows`` rows (a batch of that shape ran out of memory)."""
+        cache = self.caches.pop(rows, None)
+        if cache is not None:
+            self.graphs.pop((rows, cache.row_slots), None)
 
     def step(self, model, cache: PackedCache, tokens: torch.Tensor, positions: torch.Tensor, first: bool):
         """Logits ``[rows, V]`` after ``tokens`` (``[rows]``, at ``positions [rows]``) over ``cache`` (from `cache`):
@@ -236,17 +248,18 @@ class DecodeGraphs:
 def generate(
     model, prompts: list[list[int]], max_new_tokens: list[int], stop_ids: list[set[int]],
     min_new_tokens: list[int] | None = None, finished: Callable[[int, list[int]], bool] | None = None,
-    decode_graphs: bool | DecodeGraphs = False, pad_id: int = 0,
+    decode_graphs: bool | DecodeGraphs = False, pad_id: int = 0, timed: list[bool] | None = None,
+    rows: int | None = None,
 ) -> Batch:
     """Greedy decoding of a batch of prompts, each as it would be decoded alone.
 
-    The prompts are prefilled in one forward (``logits_to_keep=1``) as a left-padded batch; decode steps reuse the KV
-    cache the prefill returned (inside `elastic_bench.apply`, its packed cache). Row ``i`` stops at a token of
-    ``stop_ids[i]`` (not returned) once ``min_new_tokens[i]`` tokens exist (before that, stop tokens are masked
-    out), after ``max_new_tokens[i]`` tokens, or when ``finished(i, tokens)`` says so after a token; then it leaves
-    the batch. ``decode_graphs`` (CUDA, a packed cache): the decode steps run the model's small operations compiled
-    (`elastic_bench.modeling.fusion.fused_ops`) and replay a graph of the step (`DecodeGraphs`; True: graphs of this
-    call alone).
+    The prompts are prefilled (``logits_to_keep=1``) in one forward as a left-padded batch, or with ``decode_graphs``
+    one at a time into the shape's static cache; decode steps reuse the KV cache the prefill returned (inside
+    `elastic_bench.apply`, its packed cache). Row ``i`` stops at a token of ``stop_ids[i]`` (not returned) once
+    ``min_new_tokens[i]`` tokens exist (before that, stop tokens are masked out), after ``max_new_tokens[i]`` tokens,
+    or when ``finished(i, tokens)`` says so after a token; then it leaves the batch. ``decode_graphs`` (CUDA, a packed
+    cache): the decode steps run the model's small operations compiled (`elastic_bench.modeling.fusion.fused_ops`)
+    and replay a graph of the step (`DecodeGraphs`; True: graphs of this call alone).
 
     Args:
         prompts: token ids of each prompt (``B`` lists).
@@ -254,6 +267,10 @@ def generate(
         finished: ``finished(i, tokens)``: whether prompt ``i`` is done with the ``tokens`` it has (e.g. a stop
             string); None: stop tokens and budgets only.
         pad_id: the token left padding holds (never attended).
+        timed: with ``decode_graphs``, the prompts whose prefill runs with nothing else pending and is timed alone
+            (`Row.prefill_seconds`).
+        rows: with ``decode_graphs``, the batch shape (at least ``B``; default ``B``): its graph decodes the batch,
+            the rows past ``B`` empty.
 
     Returns:
         A `Batch`: each prompt's tokens and cache bytes, the batch's prefill and decode seconds.
@@ -262,22 +279,31 @@ def generate(
 
     device = next(model.parameters()).device
     graphs = DecodeGraphs() if decode_graphs is True else decode_graphs or None
-    batch = LeftPadded.of(prompts, pad_id, device)
     B = len(prompts)
+    if not graphs and (timed or rows):
+        raise ValueError("timed rows and a batch shape are for decode graphs")
     budget = max(max_new_tokens)
-    cache = graphs.cache(B, int(batch.lengths.max()) + budget) if graphs else DynamicCache()
-    padding = {"attention_mask": batch.mask, "position_ids": batch.positions} if batch.padded else {}
     stops = [torch.tensor(sorted(s), dtype=torch.long, device=device) for s in stop_ids]
     least = min_new_tokens or [0] * B
     timer = DeviceTimer(device)
-    with timer.span():
-        logits, cache = _forward(model, batch.ids, cache, logits_to_keep=1, **padding)
+    rows_out = [Row([]) for _ in prompts]
+    lengths = torch.tensor([len(p) for p in prompts], device=device)
+    if graphs:
+        shape = rows or B
+        cache = graphs.cache(shape, max(map(len, prompts)) + budget)
+        with timer.span():
+            logits = torch.cat([_prefill_alone(model, prompt, cache, rows_out[b], timed is not None and timed[b])
+                                for b, prompt in enumerate(prompts)])
+        mask = None
+    else:
+        batch = LeftPadded.of(prompts, pad_id, device)
+        padding = {"attention_mask": batch.mask, "position_ids": batch.positions} if batch.padded else {}
+        with timer.span():
+            logits, cache = _forward(model, batch.ids, DynamicCache(), logits_to_keep=1, **padding)
+        mask = padding.get("attention_mask")  # attended at decode by a cache that keeps the padding (not a packed one)
     packed = isinstance(cache, PackedCache)
-    mask = padding.get("attention_mask")  # attended at decode by a cache that keeps the padding (not a packed one)
-    rows = [Row([]) for _ in prompts]
     live = list(range(B))  # the prompt of each row of the running batch
     running = [n > 0 for n in max_new_tokens]  # whether each row still generates (with graphs, finished rows stay)
-    lengths = batch.lengths
     steps = 0
     with timer.span(), (fused_ops(model) if graphs else contextlib.nullcontext()):
         for step in range(budget):
@@ -287,14 +313,16 @@ def generate(
             tokens = logits.argmax(-1)
             for i, (prompt, token) in enumerate(zip(live, tokens.tolist())):
                 if running[i]:
-                    running[i] = _take(rows[prompt], token, stop_ids[prompt], max_new_tokens[prompt], finished,
+                    running[i] = _take(rows_out[prompt], token, stop_ids[prompt], max_new_tokens[prompt], finished,
                                        prompt)
                     if not running[i] and packed:
-                        rows[prompt].kv_bytes, rows[prompt].kv_bytes_full = cache.sample_nbytes(i)
+                        rows_out[prompt].kv_bytes, rows_out[prompt].kv_bytes_full = cache.sample_nbytes(i)
             if not any(running):
                 break
-            if graphs:  # the batch keeps its shape; finished rows ride along
-                logits = graphs.step(model, cache, tokens, lengths + step, first=step == 0)
+            if graphs:  # the batch keeps its shape; finished rows and empty ones ride along
+                empty = shape - B
+                logits = graphs.step(model, cache, torch.nn.functional.pad(tokens, (0, empty)),
+                                     torch.nn.functional.pad(lengths + step, (0, empty)), first=step == 0)[:B]
             else:
                 if not all(running):
                     keep = [i for i, on in enumerate(running) if on]
@@ -310,7 +338,27 @@ def generate(
                                          **kwargs)
             steps += 1
     prefill_seconds, decode_seconds = timer.elapsed()
-    return Batch(rows, prefill_seconds, decode_seconds, steps)
+    return Batch(rows_out, prefill_seconds, decode_seconds, steps)
+
+
+def _prefill_alone(model, prompt: list[int], cache: PackedCache, row: Row, timed: bool) -> torch.Tensor:
+    """Prefill ``prompt`` alone and add its packed cache to the static ``cache``; its last logits ``[1, V]``. ``timed``:
+    with nothing else pending, its seconds in ``row.prefill_seconds``."""
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    timer = DeviceTimer(device)
+    if timed and device.type == "cuda":
+        torch.cuda.synchronize(device)
+    with timer.span() if timed else contextlib.nullcontext():
+        logits, alone = _forward(model, torch.tensor([prompt], device=device), DynamicCache(), logits_to_keep=1)
+    if not isinstance(alone, PackedCache):
+        raise ValueError("decode graphs need a packed KV cache: generate inside elastic_bench.apply, kv_cache "
+                         "'evicting' or 'full'")
+    if timed:
+        (row.prefill_seconds,) = timer.elapsed()
+    cache.add_sample(alone)
+    return logits
 
 
 def _take(row: Row, token: int, stop_ids: set[int], max_new_tokens: int, finished, prompt: int) -> bool:
@@ -327,10 +375,11 @@ def greedy_generate(
     decode_graphs: bool | DecodeGraphs = False,
 ) -> Generation:
     """Greedy decoding of one prompt: `generate` of a batch of one, its prefill timed alone."""
-    batch = generate(model, [input_ids], [max_new_tokens], [stop_ids], [min_new_tokens], decode_graphs=decode_graphs)
+    batch = generate(model, [input_ids], [max_new_tokens], [stop_ids], [min_new_tokens], decode_graphs=decode_graphs,
+                     timed=[True] if decode_graphs else None)
     (row,) = batch.rows
-    return Generation(row.tokens, batch.prefill_seconds, batch.decode_seconds, batch.decode_steps, row.kv_bytes,
-                      row.kv_bytes_full)
+    prefill = row.prefill_seconds if row.prefill_seconds is not None else batch.prefill_seconds
+    return Generation(row.tokens, prefill, batch.decode_seconds, batch.decode_steps, row.kv_bytes, row.kv_bytes_full)
 
 
 def warm_up(model, input_ids: list[int], decode_graphs: bool | DecodeGraphs = False, rows: int = 1) -> None:
@@ -366,13 +415,37 @@ def _warm_step(model, input_ids: list[int], fused: bool) -> None:
 def fitting_batch(model, prompt: list[int], most: int, decode_graphs: bool | DecodeGraphs = False) -> int:
     """The largest batch of ``prompt`` (at most ``most`` rows, halved from there) whose prefill and first decode step
     fit in the device's memory, with ``decode_graphs`` as `generate` takes it (a static cache holds more than a
-    packed one); 1 when even two do not fit (one's out-of-memory error then comes from the run itself)."""
+    packed one, and its prompts are prefilled one at a time: the probe prefills once, copies that prompt into every
+    row, and prefills again beside them); 1 when even two do not fit (one's out-of-memory error then comes from the
+    run itself)."""
     rows = most
     while rows > 1:
         try:
-            generate(model, [prompt] * rows, [2] * rows, [set()] * rows, [2] * rows, decode_graphs=decode_graphs)
+            if isinstance(decode_graphs, DecodeGraphs):
+                _fill_static(model, prompt, rows, max(decode_graphs.row_slots, len(prompt) + 2))
+            else:
+                generate(model, [prompt] * rows, [2] * rows, [set()] * rows, [2] * rows)
             return rows
         except torch.cuda.OutOfMemoryError:
-            torch.cuda.empty_cache()
-            rows //= 2
+            pass
+        torch.cuda.empty_cache()  # out of the except block, which held the failed try's tensors
+        rows //= 2
     return 1
+
+
+@torch.inference_mode()
+def _fill_static(model, prompt: list[int], rows: int, row_slots: int) -> None:
+    """A static cache of ``rows`` copies of ``prompt``'s packed cache (``row_slots`` slots per row), a prefill beside
+    it and a decode step over it: the memory of a batch of that shape at its peak, all released on return."""
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    cache = PackedCache(row_slots=row_slots, rows=rows)
+    ids = torch.tensor([prompt], device=device)
+    logits, alone = _forward(model, ids, DynamicCache(), logits_to_keep=1)
+    for _ in range(rows):
+        cache.add_sample(alone)
+    del alone
+    _forward(model, ids, DynamicCache(), logits_to_keep=1)
+    _forward(model, logits.argmax(-1).expand(rows)[:, None], cache,
+             position_ids=torch.full((rows, 1), len(prompt), device=device))

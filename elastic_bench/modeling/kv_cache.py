@@ -26,9 +26,11 @@ Design decisions:
   method that decodes densely, whatever room the rows have for later tokens; the storage itself (that room, the slot
   positions) is not counted. They are counted on the host, per sample, so a sample of a batch reports what it would
   hold alone.
-- A static cache (``row_slots``, for CUDA graphs replayed over batch after batch): every row gets ``row_slots`` slots
-  at a fixed place, and every tensor a decode step reads (storage, per-row vectors) keeps its address from one pack
-  to the next, as do the decode kernel's host integers; the bytes counted are still the tokens the method keeps.
+- A static cache (``row_slots`` and ``rows``, for CUDA graphs replayed over batch after batch): ``rows`` samples of
+  ``row_slots`` slots per row at fixed places, filled one sample at a time from a prompt packed alone
+  (`PackedCache.add_sample`: a copy into the sample's rows), so every tensor a decode step reads (storage, per-row
+  vectors) and the decode kernel's host integers keep their addresses from one batch to the next. Samples not added
+  to a batch hold empty rows that ride along. The bytes counted are still the tokens the method keeps.
 - Decode plans with BLOCK_SPARSE heads or a chunked geometry are refused when packing (no method decodes so).
 """
 
@@ -79,15 +81,18 @@ class PackedLayer(DynamicLayer):
     """One layer of a `PackedCache`: a `DynamicLayer` until `pack`, then packed rows (`packed`).
 
     Args:
-        row_slots: a static layer (`PackedCache`'s ``row_slots``): every row has this many slots, and each pack writes
-            into the tensors of the first (one batch shape).
+        row_slots, rows: a static layer (`PackedCache`'s): ``rows`` samples whose rows have ``row_slots`` slots each,
+            filled by `add_sample` into tensors allocated once.
     """
 
-    def __init__(self, row_slots: int = 0):
+    def __init__(self, row_slots: int = 0, rows: int = 0):
         super().__init__()
         self.packed: PackedKV | None = None
-        self.row_slots = row_slots
-        self.fixed: dict[str, torch.Tensor | tuple] = {}  # a static layer's tensors, kept from pack to pack
+        self.row_slots, self.rows = row_slots, rows
+        self.ints: tuple | None = None  # a static layer's geometry: heads, width, dtype, ring and window integers
+        self.lengths: list[int] = []  # each sample's prompt tokens (host), once packed or added
+        self.caps: list[int] = []  # each row's slots (host)
+        self.rings: list[bool] = []  # whether each row is a ring (host)
 
     # ---- packing -------------------------------------------------------------------------------------------------
 
@@ -99,6 +104,8 @@ class PackedLayer(DynamicLayer):
             starts: the first real token of each sample (left padding before it is dropped).
             evict: keep only sink + window of STREAMING rows (else keep them whole, masked at decode).
         """
+        if self.row_slots:
+            raise ValueError("a static packed cache takes its samples packed alone (PackedCache.add_sample)")
         modes = plan.modes.cpu()
         if bool((modes == Mode.BLOCK_SPARSE).any()):
             raise ValueError("a packed KV cache takes decode plans of FULL and STREAMING heads only")
@@ -112,15 +119,11 @@ class PackedLayer(DynamicLayer):
         ring = streaming & evict
         lengths = [L - s for s in starts]
         caps = [sink + span if ring[b, h] else lengths[b] + GROW for b in range(B) for h in range(H)]
-        if self.row_slots and max(lengths) > self.row_slots:
-            raise ValueError(f"a static packed cache of {self.row_slots} slots per row cannot hold a prompt of "
-                             f"{max(lengths)} tokens")
-        storage = [self.row_slots] * (B * H) if self.row_slots else caps
-        offsets = _offsets(storage)
-        total = sum(storage)
-        dense_k = self._storage("keys", (total, D), keys.dtype, None)
-        dense_v = self._storage("values", (total, D), values.dtype, None)
-        positions = self._storage("positions", (total,), torch.int32, -1)
+        offsets = _offsets(caps)
+        total = sum(caps)
+        dense_k = keys.new_zeros((total, D))
+        dense_v = values.new_zeros((total, D))
+        positions = torch.full((total,), -1, dtype=torch.int32, device=keys.device)
         for b in range(B):
             n = lengths[b]
             for h in range(H):
@@ -140,50 +143,59 @@ class PackedLayer(DynamicLayer):
         self.steps = 0  # decode tokens written (host); `newest` advances on the device, for CUDA-graph replays
         self.room = GROW
         self.heads = H
-        self.lengths = lengths  # each sample's prompt tokens (host)
-        self.caps = caps  # each row's slots (host)
-        self.rings = ring.reshape(-1).tolist()  # whether each row is a ring (host)
+        self.lengths, self.caps, self.rings = lengths, caps, ring.reshape(-1).tolist()
         self.newest = torch.tensor(lengths, dtype=torch.int32, device=device).repeat_interleave(H) - 1  # [R]
         self.rule = AppendRule(ring.reshape(-1).to(device), streaming.reshape(-1).to(device), sink, span,
                                *geometry.window_steps(plan.block_size))
         window_start = torch.where(self.rule.streaming, geometry.window_start(self.newest, plan.block_size), 0).int()
         sink_end = torch.where(self.rule.streaming, sink, 0).int()
-        self.packed = _packed(dense_k, dense_v, positions, offsets, storage, window_start, sink_end)
-        if self.row_slots:
-            self._hold()
+        self.packed = _packed(dense_k, dense_v, positions, offsets, caps, window_start, sink_end)
         self.keys = self.values = None  # the dense prompt is released
 
-    def _storage(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, fill: int | None) -> torch.Tensor:
-        """A new storage tensor filled with ``fill`` (0 for None); a static layer's own one (allocated at its first
-        pack), filled where ``fill`` is given."""
-        device = self.keys.device
-        if not self.row_slots:
-            return torch.full(shape, fill or 0, dtype=dtype, device=device)
-        held = self.fixed.get(name)
-        if held is None:
-            held = self.fixed[name] = torch.zeros(shape, dtype=dtype, device=device)
-        elif held.shape != shape or held.dtype != dtype:
-            raise ValueError(f"a static packed cache holds one batch shape: its {name} are {tuple(held.shape)}, the "
-                             f"batch needs {shape}")
-        return held.fill_(fill) if fill is not None else held
+    def add_sample(self, source: PackedLayer) -> None:
+        """Copy the packed rows of ``source`` (the same layer of one prompt packed alone) into this static layer as its
+        next sample, in place: the storage and the per-row vectors keep their addresses."""
+        kv, H = source.packed, source.heads
+        if kv is None or len(source.lengths) != 1:
+            raise ValueError("a static packed cache takes the packed layers of one prompt each")
+        sample, S = len(self.lengths), self.row_slots
+        if sample >= self.rows:
+            raise ValueError(f"a static packed cache holds {self.rows} samples")
+        if source.lengths[0] > S:
+            raise ValueError(f"a static packed cache of {S} slots per row cannot hold a prompt of "
+                             f"{source.lengths[0]} tokens")
+        rule = source.rule
+        ints = (H, kv.keys.shape[1], kv.keys.dtype, rule.ring_sink, rule.ring_span, rule.quantum, rule.back)
+        if self.packed is None:
+            self._allocate(kv, rule, H)
+        elif self.ints != ints:
+            raise ValueError(f"a static packed cache takes one layer geometry: {self.ints}, now {ints}")
+        self.ints = ints
+        kept = [min(c, S) for c in source.caps]  # slots past a row's prompt are empty
+        src = torch.cat([torch.arange(o, o + n) for o, n in zip(kv.offsets.tolist(), kept)]).to(kv.keys.device)
+        dst = torch.cat([torch.arange(r * S, r * S + n) for r, n in enumerate(kept, sample * H)]).to(kv.keys.device)
+        mine, rows = self.packed, slice(sample * H, (sample + 1) * H)
+        mine.keys[dst], mine.values[dst], mine.positions[dst] = kv.keys[src], kv.values[src], kv.positions[src]
+        mine.window_start[rows], mine.sink_end[rows] = kv.window_start, kv.sink_end
+        self.newest[rows] = source.newest
+        self.rule.ring[rows], self.rule.streaming[rows] = rule.ring, rule.streaming
+        self.lengths.append(source.lengths[0])
+        self.caps += source.caps
+        self.rings += source.rings
+        self.tokens = max(self.lengths)
 
-    def _hold(self) -> None:
-        """Move the per-row vectors of a static layer into its own tensors (copied in place after the first pack),
-        and check that the decode kernels' host integers are those of the first pack."""
-        kv, rule = self.packed, self.rule
-        ints = (kv.max_slots, kv.long_rows, rule.ring_sink, rule.ring_span, rule.quantum, rule.back)
-        if self.fixed.setdefault("ints", ints) != ints:
-            raise ValueError(f"a static packed cache takes one streaming geometry: {self.fixed['ints']}, now {ints}")
-        fixed = {}
-        for name, value in (("offsets", kv.offsets), ("slots", kv.slots), ("window_start", kv.window_start),
-                            ("sink_end", kv.sink_end), ("newest", self.newest), ("ring", rule.ring),
-                            ("streaming", rule.streaming)):
-            held = self.fixed.get(name)
-            fixed[name] = held.copy_(value) if held is not None else self.fixed.setdefault(name, value)
-        self.packed = dataclasses.replace(kv, **{k: fixed[k] for k in ("offsets", "slots", "window_start",
-                                                                          "sink_end")})
-        self.newest = fixed["newest"]
-        self.rule = dataclasses.replace(rule, ring=fixed["ring"], streaming=fixed["streaming"])
+    def _allocate(self, kv: PackedKV, rule: AppendRule, heads: int) -> None:
+        """The tensors of a static layer of ``heads`` KV heads, like ``kv``'s and ``rule``'s, every row empty."""
+        R, S, device = self.rows * heads, self.row_slots, kv.keys.device
+        self.heads, self.steps, self.room = heads, 0, GROW
+        self.newest = torch.full((R,), -1, dtype=torch.int32, device=device)
+        empty = torch.zeros(R, dtype=torch.bool, device=device)
+        self.rule = dataclasses.replace(rule, ring=empty, streaming=empty.clone())
+        self.packed = PackedKV(
+            kv.keys.new_zeros((R * S, kv.keys.shape[1])), kv.values.new_zeros((R * S, kv.values.shape[1])),
+            torch.full((R * S,), -1, dtype=torch.int32, device=device),
+            torch.arange(R, dtype=torch.long, device=device) * S, torch.full((R,), S, dtype=torch.int32, device=device),
+            torch.zeros(R, dtype=torch.int32, device=device), torch.zeros(R, dtype=torch.int32, device=device), S, R)
 
     # ---- decoding ------------------------------------------------------------------------------------------------
 
@@ -289,8 +301,18 @@ class PackedLayer(DynamicLayer):
         return sum(self.sample_nbytes(b)[1] for b in range(len(self.lengths)))
 
     def reset(self) -> None:
-        """Drop the packed rows and the dense prompt: the layer takes the next prompt as a new one. (Some transformers
-        versions' `reset` zeroes ``keys`` in place when the layer is initialised; a packed layer has released them.)"""
+        """Drop the packed rows and the dense prompt: the layer takes the next prompt as a new one (a static layer:
+        every row empty, its tensors kept). (Some transformers versions' `reset` zeroes ``keys`` in place when the
+        layer is initialised; a packed layer has released them.)"""
+        if self.row_slots and self.packed is not None:
+            kv = self.packed
+            for held, empty in ((kv.positions, -1), (self.newest, -1), (kv.window_start, 0), (kv.sink_end, 0),
+                                (self.rule.ring, False), (self.rule.streaming, False)):
+                held.fill_(empty)
+            self.lengths, self.caps, self.rings = [], [], []
+            self.tokens = self.steps = 0
+            self.room = GROW
+            return
         self.packed = None
         self.keys = self.values = None
         self.is_initialized = False
@@ -320,17 +342,30 @@ class PackedCache(Cache):
         evict: STREAMING rows keep sink + window only (True), or every token (False: decode applies the window by
             mask, as upstream). Inside `elastic_bench.apply`, a forward given an empty `PackedCache` sets it from
             ``kv_cache``.
-        row_slots: a static cache: every row of every layer has ``row_slots`` slots at a fixed place, and its tensors
-            keep their addresses from one prefill (after `reset`) to the next, so that a CUDA graph of the decode step
-            captured over one batch replays over the next batch of the same shape (`PackedLayer`). 0: rows sized to
-            what they keep, grown as needed.
+        row_slots, rows: a static cache of ``rows`` samples: every row of every layer has ``row_slots`` slots at a
+            fixed place, the samples are added one at a time from prompts packed alone (`add_sample`), and the tensors
+            keep their addresses from one batch (after `reset`) to the next, so that a CUDA graph of the decode step
+            captured over one batch replays over the next batch of that shape. 0: rows sized to what they keep, grown as
+            needed, filled by a prefill.
     """
 
-    def __init__(self, evict: bool = True, row_slots: int = 0):
-        super().__init__(layer_class_to_replicate=functools.partial(PackedLayer, row_slots) if row_slots
+    def __init__(self, evict: bool = True, row_slots: int = 0, rows: int = 0):
+        if bool(row_slots) != bool(rows):
+            raise ValueError("a static packed cache needs both row_slots and rows")
+        super().__init__(layer_class_to_replicate=functools.partial(PackedLayer, row_slots, rows) if row_slots
                          else PackedLayer)
         self.evict = evict
-        self.row_slots = row_slots
+        self.row_slots, self.rows = row_slots, rows
+
+    def add_sample(self, source: PackedCache) -> None:
+        """Copy ``source`` (one prompt's cache, packed alone) into this static cache as its next sample
+        (`PackedLayer.add_sample`)."""
+        if not self.row_slots:
+            raise ValueError("add_sample fills a static packed cache (row_slots and rows)")
+        while len(self.layers) < len(source.layers):
+            self.layers.append(PackedLayer(self.row_slots, self.rows))
+        for mine, theirs in zip(self.layers, source.layers):
+            mine.add_sample(theirs)
 
     def reserve(self, tokens: int) -> None:
         """Room for ``tokens`` more decode tokens in every layer (`PackedLayer.reserve`)."""

@@ -5,8 +5,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+# Arguments that vary with the prompt (split sizes) are not specialized: a variant per divisibility pattern would
+# compile at a later prompt's first call, inside its timing (`elastic_bench.kernels.hybrid.fused_kernel.LENGTHS`).
 
-@triton.jit
+
+@triton.jit(do_not_specialize=["per_split", "splits", "stat_stride"])
 def decode_partial(
     Q, K, V, POS, OFFSETS, SLOTS, WINDOW_START, SINK_END, PARTIAL, STATS, scale, per_split, splits, stat_stride,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
@@ -55,7 +58,7 @@ def decode_partial(
     tl.store(STATS + stat_stride + item, l_i, mask=g < G)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["per_split", "splits", "stat_stride"])
 def combine(PARTIAL, STATS, OUT, SLOTS, per_split, splits, stat_stride, G: tl.constexpr, D: tl.constexpr,
             SPLITS_PAD: tl.constexpr, BLOCK_D: tl.constexpr):
     """Merge a head's split results by their log-sum-exp, ``BLOCK_D`` of its dimensions per program; splits past the

@@ -23,6 +23,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+# Integer arguments that vary with the prompt's length. Triton would otherwise compile a variant for each pattern of
+# their divisibility by 16 at its first call (seconds), which a warm-up on one prompt does not cover: a later prompt's
+# timed prefill would include it. They bound loops and masks only, so leaving them unspecialized costs nothing.
+LENGTHS = ["B", "Lq", "Lk", "n_tiles", "first_tile", "n_rows"]
 
 @triton.jit
 def _attend(
@@ -90,7 +94,7 @@ def _attend(
     return acc, m_i, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=LENGTHS)
 def hybrid_fwd(
     Q, K, V, Out, K_desc, V_desc, Modes, Counts, Offsets, Indices,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,

@@ -29,8 +29,11 @@ import triton.language as tl
 from ..hybrid.fused import LOG2E
 from ..plan import BlockSelection
 
+# Arguments that vary with the prompt (lengths) are not specialized: a variant per divisibility pattern would compile
+# at a later prompt's first call, inside its timing (`elastic_bench.kernels.hybrid.fused_kernel.LENGTHS`).
 
-@triton.jit
+
+@triton.jit(do_not_specialize=["Lq", "Lk", "n_tiles", "n_blocks", "n_chunks"])
 def _scores_kernel(
     Q, K, Lse, Out, Need,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
@@ -116,7 +119,7 @@ def _block_sums(lse_rows, out_rows, m_i, l_i, has_query, out_ok, kb_hi, M: tl.co
         tl.store(out_rows[:, None] + cols[None, :], block, mask=out_ok[:, None] & (cols[None, :] < kb_hi))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["t0", "t1", "n_block_rows", "n_blocks"])
 def _gemm_epilogue_kernel(
     Scores, Lse, Out, Pairs,
     G, t0, t1, n_block_rows, n_blocks, scale_log2,
@@ -152,7 +155,7 @@ def _gemm_epilogue_kernel(
     _block_sums(lse_rows, out_row, m_i, l_i, t_ok, tl.full([1], True, tl.int1), r + 1, PER, NB, PER)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_blocks", "q_off", "Lk", "first_rows"])
 def _select_kernel(Scores, Mask, Counts, Tau, Need, Hq, n_blocks, q_off, Lk, block_size, first_rows,
                    BLOCK: tl.constexpr):
     """Selection of one block row (program id = (b · Hq + query head) · nB + row), as `naive.select_blocks_naive`."""
@@ -188,7 +191,7 @@ def _select_kernel(Scores, Mask, Counts, Tau, Need, Hq, n_blocks, q_off, Lk, blo
     tl.store(Counts + row, tl.sum(selected.to(tl.int32), 0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_blocks"])
 def _compact_kernel(Mask, Offsets, Indices, n_blocks, BLOCK: tl.constexpr):
     """CSR row ``pid``: the ids of the set columns of mask row ``pid``, ascending, at ``Offsets[pid]``."""
     row = tl.program_id(0)
