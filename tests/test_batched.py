@@ -136,7 +136,7 @@ class EagerGraph:
         return logits
 
 
-@pytest.mark.parametrize("name", ["streaming", "elastic"])
+@pytest.mark.parametrize("name", list(METHODS))
 def test_decode_graphs_are_captured_once_per_batch_shape(testbed, name, monkeypatch):
     """A cell's warm-ups capture the graphs of a batch of one and, on a short prompt, of a batch of two; its prompts
     alone, two batches of two (a batch of one row after another, of prompts routed differently) and a last batch of
