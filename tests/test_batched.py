@@ -212,3 +212,13 @@ def test_a_batched_run_with_decode_graphs_gives_batch_1s_predictions_on_the_gpu(
                 [{k: v for k, v in r.items() if k not in TIMING} for r in one.predictions()]
             assert [r["batch_size"] for r in four.predictions()] == [3] * 6  # two even batches, the first row timed
             assert [r["prefill_seconds"] is None for r in four.predictions()] == [False] + [True] * 5
+
+
+def test_the_memory_probe_fills_a_static_cache_of_its_own(testbed):
+    """`fitting_batch` with decode graphs probes with a cache of its own (copies of one packed prompt, a prefill beside
+    them, a decode step over them) and leaves the cell's graphs without caches: on the CPU every batch fits."""
+    model, _, samples = testbed
+    graphs = generation.DecodeGraphs(len(samples[0].input_ids) + 8)
+    with torch.no_grad(), apply(get_method("streaming", **WINDOW), model):
+        assert generation.fitting_batch(model, samples[0].input_ids, 3, graphs) == 3
+    assert graphs.caches == {} and graphs.captured == []

@@ -573,9 +573,8 @@ def _batch_size(inputs: _CellInputs, pending: list[Sample], graphs) -> int:
             session.batch_sizes[length] = CPU_AUTO_BATCH
         else:
             longest = max(pending, key=lambda s: len(s.input_ids))
-            probe = generation.DecodeGraphs(graphs.row_slots) if graphs else False  # static caches count too
-            session.batch_sizes[length] = generation.fitting_batch(
-                session.model, longest.input_ids, min(MAX_AUTO_BATCH, len(inputs.samples)), probe)
+            session.batch_sizes[length] = generation.fitting_batch(  # with graphs, static caches count
+                session.model, longest.input_ids, min(MAX_AUTO_BATCH, len(inputs.samples)), graphs)
     return session.batch_sizes[length]
 
 
@@ -629,12 +628,13 @@ def _predict_batch(inputs: _CellInputs, samples: list[Sample], handle, graphs, t
         **({"timed": [s.id in timed for s in samples], "rows": shape} if graphs else {}))
     stats, decisions = handle.stats(), handle.decisions()
     share = (batch.prefill_seconds + batch.decode_seconds) / len(samples)
+    per_token = 1000 * batch.decode_seconds / batch.decode_steps if batch.decode_steps else None
     records = []
     for i, (sample, row) in enumerate(zip(samples, batch.rows)):
         timed = {
             "prefill_seconds": row.prefill_seconds,  # a prompt's own only where it was timed alone
             "decode_seconds": None,
-            "decode_ms_per_token": 1000 * batch.decode_seconds / batch.decode_steps if batch.decode_steps else None,
+            "decode_ms_per_token": per_token,
             "batch_size": len(samples),
         }
         prediction = session.tokenizer.decode(row.tokens, skip_special_tokens=True)

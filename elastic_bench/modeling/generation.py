@@ -416,8 +416,8 @@ def fitting_batch(model, prompt: list[int], most: int, decode_graphs: bool | Dec
     """The largest batch of ``prompt`` (at most ``most`` rows, halved from there) whose prefill and first decode step
     fit in the device's memory, with ``decode_graphs`` as `generate` takes it (a static cache holds more than a
     packed one, and its prompts are prefilled one at a time: the probe prefills once, copies that prompt into every
-    row, and prefills again beside them); 1 when even two do not fit (one's out-of-memory error then comes from the
-    run itself)."""
+    row of a cache of its own, and prefills again beside them; the graphs' caches are not touched); 1 when even two
+    do not fit (one's out-of-memory error then comes from the run itself)."""
     rows = most
     while rows > 1:
         try:

@@ -363,7 +363,7 @@ class PackedCache(Cache):
         if not self.row_slots:
             raise ValueError("add_sample fills a static packed cache (row_slots and rows)")
         while len(self.layers) < len(source.layers):
-            self.layers.append(PackedLayer(self.row_slots, self.rows))
+            self.layers.append(self.layer_class_to_replicate())
         for mine, theirs in zip(self.layers, source.layers):
             mine.add_sample(theirs)
 

@@ -28,6 +28,7 @@ import triton.language as tl
 # timed prefill would include it. They bound loops and masks only, so leaving them unspecialized costs nothing.
 LENGTHS = ["B", "Lq", "Lk", "n_tiles", "first_tile", "n_rows"]
 
+
 @triton.jit
 def _attend(
     acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, b, h, lo, hi, lo2, hi2, lo3, hi3,
