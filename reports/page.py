@@ -31,8 +31,9 @@ details{margin:.3em 0}summary{cursor:pointer}
 </style></head><body>
 {% macro table(t) %}<table class="sortable"><thead><tr>
 {% for name, text in t.header %}<th{% if text %} class="text"{% endif %}>{{ name }}</th>{% endfor %}</tr></thead><tbody>
-{% for row in t.rows %}<tr>{% for value, text, red in row %}<td{% if text or red %}
-class="{{ "text" if text }}{{ " allowed" if red }}"{% endif %}>{{ value }}</td>
+{% for row in t.rows %}<tr>{% for value, text, red in row %}<td
+{%- if text or red %} class="{{ "text" if text }}{{ " " if text and red }}{{ "allowed" if red }}"{% endif %}>
+{{- value }}</td>
 {% endfor %}</tr>{% endfor %}</tbody></table>{% endmacro %}
 <h1>elastic-bench report</h1>
 <p>Results: <code>{{ source }}</code> · generated {{ stamp }}</p>

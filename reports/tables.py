@@ -83,7 +83,7 @@ class Table:
             fmt = FORMATS[self.kinds.get(column, self.kind)]
             out[column] = [_show(v, fmt) for v in self.frame[column]]
         if self.marks is not None:
-            marks = self.marks.reindex(index=out.index, columns=out.columns).fillna("")
+            marks = self.marks.reindex(index=out.index, columns=out.columns, fill_value="")
             out = out.where(marks == "", out + " " + marks)
         return out
 
