@@ -90,13 +90,16 @@ class BenchmarkProtocol:
         return sum(w * scores[k] for k, w in self.breakdown_weights.items()) / total
 
     def describe(self) -> str:
-        """One sentence: task set, weights, items and Avg."""
-        tasks = "every registered task" if self.tasks is None else f"{len(self.tasks)} tasks"
+        """One sentence: task set, weights, per-task score, items, lengths, Avg and source."""
+        tasks = ("every registered task" if self.tasks is None else
+                 f"{len(self.tasks)} task{'s' if len(self.tasks) > 1 else ''} ({', '.join(self.tasks)})")
         weights = "equal weights" if self.task_weights is None else "tasks weighted by their items (" + ", ".join(
             f"{t.split('_', 2)[-1]} {w:g}" for t, w in self.task_weights.items()) + ")"
         lengths = f"; lengths {', '.join(f'{n // 1024}K' for n in self.lengths)}" if self.lengths else ""
         subset = "" if self.items_identified else " (not identifiable from public data)"
-        return f"{self.benchmark}: {tasks}, {weights}; items: {self.items}{subset}{lengths}; Avg: {self.average}"
+        source = f" [{self.source}]" if self.source else ""
+        return (f"{self.benchmark}: {tasks}, {weights}; per task: {self.task_score}; items: {self.items}{subset}"
+                f"{lengths}; Avg: {self.average}{source}")
 
 
 @dataclass(frozen=True)
