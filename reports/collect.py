@@ -11,6 +11,11 @@ Design decisions:
   and the routing maps need the samples.
 - The task's official breakdowns (``score_<name>`` keys of ``metrics.json``: LongBench-E's length buckets,
   LongBench-v2's difficulty and length) are kept as written, rounded as the official scripts round them.
+- What the method's learned files were trained on is read as the runner records it (``metrics.json``):
+  ``artifact_provenance`` (per option, the file's provenance, or None where the file records none),
+  ``in_distribution`` (the learned files that share an identity, a generator or a dataset, with the cell's task) and
+  ``allow_in_distribution`` (whether the run was told to score such cells). A cell written before they were recorded
+  reads as no provenance known and no in-distribution finding.
 """
 
 from __future__ import annotations
@@ -59,8 +64,11 @@ class CellResult:
     ``samples_per_second`` the generation throughput of the prompts run batched, at ``batch_size`` (NaN for a cell
     run at batch 1): a throughput, never a prefill time; ``device`` and ``backend`` say where and on which attention
     kernel the prefills ran; ``artifacts`` the learned files the method loaded, by option name, as SHA-256 digests
-    (``{"router": "818e…"}``); ``versions``, ``git_hash``, ``source_digest`` and ``date`` where and from which code
-    the cell was computed. ``error`` is set for failed cells, whose numbers are NaN. ``run`` names the run folder
+    (``{"router": "818e…"}``) and ``artifact_provenance`` what they were trained on, by option name (None: unknown);
+    ``in_distribution`` the learned files trained on the task's generator or dataset (``{"artifact": "router",
+    "shared": ["generator:ruler.niah"]}``; empty when the cell is held out) and ``allow_in_distribution`` whether the
+    run was told to score it anyway; ``versions``, ``git_hash``, ``source_digest`` and ``date`` where and from which
+    code the cell was computed. ``error`` is set for failed cells, whose numbers are NaN. ``run`` names the run folder
     among several (`elastic-bench compare`), ``cell`` is the cell in the results store.
     """
 
@@ -84,6 +92,9 @@ class CellResult:
     preset: str | None = None
     artifacts: dict[str, str] = field(default_factory=dict, compare=False)
     breakdown: dict[str, float] = field(default_factory=dict, compare=False)
+    artifact_provenance: dict[str, dict[str, Any] | None] = field(default_factory=dict, compare=False)
+    in_distribution: tuple[dict[str, Any], ...] = ()
+    allow_in_distribution: bool = False
     versions: dict[str, str] = field(default_factory=dict, compare=False)
     git_hash: str = ""
     source_digest: str = ""
@@ -114,6 +125,12 @@ def _sample(record: dict[str, Any]) -> SampleResult:
         category=metadata.get("category") if isinstance(metadata.get("category"), str) else None,
         decisions=tuple(tuple(int(m) for m in row) for row in decisions) if decisions else None,
     )
+
+
+def _finding(found: dict[str, Any]) -> dict[str, Any]:
+    """One ``in_distribution`` entry as the runner writes it: the learned file's option name and the identities it
+    shares with the task."""
+    return {"artifact": str(found["artifact"]), "shared": tuple(str(s) for s in found.get("shared") or ())}
 
 
 def _number(metrics: dict[str, Any], key: str) -> float:
@@ -149,6 +166,10 @@ def _result(cell: Cell, run: str, aggregations: Aggregations | None) -> CellResu
         preset=str(metrics["preset"]) if metrics.get("preset") else None,
         artifacts={str(k): str(v) for k, v in (fingerprint.get("artifacts") or {}).items()},
         breakdown={k.removeprefix("score_"): _number(metrics, k) for k in metrics if k.startswith("score_")},
+        artifact_provenance={str(k): v if isinstance(v, dict) else None
+                             for k, v in (metrics.get("artifact_provenance") or {}).items()},
+        in_distribution=tuple(_finding(f) for f in metrics.get("in_distribution") or ()),
+        allow_in_distribution=metrics.get("allow_in_distribution") is True,
         versions={str(k): str(v) for k, v in (metrics.get("versions") or {}).items()},
         git_hash=str(metrics.get("git_hash") or ""),
         source_digest=str(metrics.get("source_digest") or ""),

@@ -1,6 +1,7 @@
 """The HTML page of a report: one jinja2 template, self-contained (inline style and script, plots as ``data:`` URIs).
 
-Tables come from `render` as a header and rows of (value, is text) cells: text aligns left, numbers right. The
+Tables come from `render` as a header of (name, is text) cells and rows of (value, is text, is red) cells: text aligns
+left, numbers right; a red cell is a value of a cell scored under ``--allow-in-distribution``. The
 Content-Security-Policy forbids the page any request (``default-src 'none'``): only inline style, inline script
 and ``data:`` images load. The script sorts a table by the column whose header is clicked (numbers as numbers, ``–``
 last).
@@ -20,7 +21,8 @@ table{border-collapse:collapse;margin:.6em 0 1em;font-size:.88em}
 th,td{border:1px solid #d6d6d6;padding:3px 8px;text-align:right;white-space:nowrap}
 th{background:#f3f3f3;cursor:pointer;user-select:none}th:hover{background:#e6e6e6}
 th.asc::after{content:" ▲"}th.desc::after{content:" ▼"}
-.text{text-align:left}tbody tr:nth-child(even){background:#fafafa}
+.text{text-align:left}tbody tr:nth-child(even){background:#fafafa}td.allowed{color:#c00000;font-weight:600}
+.protocol{color:#555;font-weight:normal;font-size:.85em}
 .scroll{overflow-x:auto}.note{color:#555;font-size:.88em;max-width:70em}
 .plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(540px,1fr));gap:1em}figure{margin:0}
 figure img{max-width:100%;height:auto;border:1px solid #eee}figcaption{color:#555;font-size:.88em}
@@ -29,7 +31,9 @@ details{margin:.3em 0}summary{cursor:pointer}
 </style></head><body>
 {% macro table(t) %}<table class="sortable"><thead><tr>
 {% for name, text in t.header %}<th{% if text %} class="text"{% endif %}>{{ name }}</th>{% endfor %}</tr></thead><tbody>
-{% for row in t.rows %}<tr>{% for value, text in row %}<td{% if text %} class="text"{% endif %}>{{ value }}</td>
+{% for row in t.rows %}<tr>{% for value, text, red in row %}<td
+{%- if text or red %} class="{{ "text" if text }}{{ " " if text and red }}{{ "allowed" if red }}"{% endif %}>
+{{- value }}</td>
 {% endfor %}</tr>{% endfor %}</tbody></table>{% endmacro %}
 <h1>elastic-bench report</h1>
 <p>Results: <code>{{ source }}</code> · generated {{ stamp }}</p>
@@ -45,9 +49,11 @@ details{margin:.3em 0}summary{cursor:pointer}
 {% for s in sections %}
 <h2 id="{{ s.id }}">{{ s.title }}</h2>
 <p>{{ s.comparable }}</p>
+<p class="note">{{ s.protocol }}</p>
 {% for g in s.groups %}
 <h3 id="{{ g.id }}">{{ g.heading }}</h3>
-{% for t in g.tables %}<h4 id="{{ s.id }}-{{ t.id }}">{{ t.title }}</h4><div class="scroll">{{ table(t) }}</div>
+{% for t in g.tables %}<h4 id="{{ s.id }}-{{ t.id }}">{{ t.title }}{% if t.protocol %}
+<span class="protocol">· protocol: {{ t.protocol }}</span>{% endif %}</h4><div class="scroll">{{ table(t) }}</div>
 {% if t.note %}<p class="note">{{ t.note }}</p>{% endif %}{% endfor %}
 {% if g.plots %}<div class="plots">{% for p in g.plots %}<figure id="{{ p.id }}">
 <img src="data:image/png;base64,{{ p.data }}" alt="{{ p.title }}">

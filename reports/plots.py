@@ -6,7 +6,8 @@ Design decisions:
 - Each configuration keeps one colour and one marker in every plot of a comparison (`styles`): each method its own
   hue, far from the others' (``full`` dark grey), its configurations shades of that hue, and every configuration its
   own marker, so two configurations never look alike even where colours are hard to tell apart.
-- Score points carry their 95% interval (`bootstrap.mean_interval` over the per-sample scores) and their label beside
+- Score points carry their 95% interval (`summary.sample_interval`: the cluster bootstrap of the per-sample scores,
+  items resampled whole across lengths) and their label beside
   them, placed where it covers no other label or point (`_label_points`); points that (nearly) coincide are drawn side
   by side, so none hides another. The legend beside the axes keys every colour and marker.
 - Score axes span the data and their intervals (not 0-100): a band of 98-100 fills the plot.
@@ -33,8 +34,7 @@ from matplotlib.text import Text
 from matplotlib.transforms import Bbox, ScaledTranslation
 
 from .benchmarks import benchmark_of
-from .bootstrap import mean_interval
-from .summary import AXES, BASELINE, Comparison, Config
+from .summary import AXES, BASELINE, Comparison, Config, sample_interval
 from .tables import cell_frame, slug
 
 STYLE = {**sns.axes_style("whitegrid"), **sns.plotting_context("notebook", font_scale=0.85),
@@ -306,22 +306,22 @@ def routing_map(comparison: Comparison, config: Config, key: str, index: int) ->
 
 
 def length_curves(comparison: Comparison, benchmark: str, key: str) -> Plot | None:
-    """Mean score over a benchmark's tasks against the length, with its 95% interval, one line per configuration
-    (None for one length)."""
+    """The benchmark's score (its protocol's mean over its tasks) against the length, with its 95% interval, one line
+    per configuration (None for one length)."""
     frame = cell_frame(comparison)
     frame = frame[frame["benchmark"] == benchmark]
     if frame["length"].nunique() < 2:
         return None
-    means = frame.groupby(["label", "length", "task"])["score"].mean().groupby(["label", "length"]).mean()
+    bench = comparison.protocol.benchmark(benchmark)
     lengths = sorted(frame["length"].unique())
     look = styles(comparison)
     curves = []  # (config, means [n], lows [n], highs [n]) over `lengths`
     for c in comparison.configs:
         ys, lows, highs = [], [], []
         for n in lengths:
-            cells = [cell for (task, m), cell in c.cells.items() if m == n and benchmark_of(task).name == benchmark]
-            y = float(means[(c.label, n)])
-            found = mean_interval([np.array([s.score for s in cell.samples]) for cell in cells])
+            keys = [(task, m) for task, m in c.cells if m == n and benchmark_of(task).name == benchmark]
+            found = sample_interval(c, "score", keys, weights={k: bench.weight(k[0]) for k in keys})
+            y = bench.task_mean({task: c.cells[(task, n)].score for task, _ in keys})
             ys.append(y)
             lows.append(min(y, found.low) if math.isfinite(found.low) else y)
             highs.append(max(y, found.high) if math.isfinite(found.high) else y)
@@ -359,6 +359,8 @@ def length_curves(comparison: Comparison, benchmark: str, key: str) -> Plot | No
                         borderaxespad=0.0)
 
     return Plot(f"{key}-{slug(benchmark)}-length", f"{benchmark}: score vs length",
-                f"{benchmark}: mean score over its tasks at each length; bars: 95% bootstrap intervals over the "
-                "per-sample scores" + ("; the right panel zooms on the shaded band." if zoom else "."),
+                f"{benchmark}: score at each length ({comparison.protocol.name} protocol: "
+                f"{'equal' if bench.task_weights is None else 'item-weighted'} mean over its tasks); bars: 95% "
+                "bootstrap intervals over the per-sample scores"
+                + ("; the right panel zooms on the shaded band." if zoom else "."),
                 _draw(15 if zoom else 9, 5.2 if zoom else 4.6, paint))

@@ -3,9 +3,14 @@ self-contained page: jinja2, plots embedded as ``data:`` URIs, sortable tables, 
 
 Design decisions:
 - Both files show the same tables in the same order, grouped under the same headings: summary and frontiers,
-  adaptive sparsity and routing, the published figures a configuration reproduces, the sparsity within δ of full
-  attention, one group per benchmark, paired differences, configurations (the legend of
-  labels), then the excluded and failed cells, failures folded once per distinct error message.
+  adaptive sparsity and routing, the published figures a configuration reproduces or is compared with, the sparsity
+  within δ of full attention, one group per benchmark, paired differences, configurations (the legend of labels),
+  then the excluded, outside-the-protocol, in-distribution and failed cells, failures folded once per distinct error
+  message.
+- Each comparison states its protocol once in full (`Protocol.describe`), each benchmark group its benchmark's
+  declaration, and every table's title names the protocol it shows. A value computed from an in-distribution cell
+  carries its mark in both files; the HTML page prints the values of cells scored under ``--allow-in-distribution``
+  in red.
 - Provenance (versions, git hashes with their ``-dirty`` mark, source digests, devices, backends, dates) is read
   from the cells' ``metrics.json``.
 - Where the prefill times do not measure attention (`summary.timing_note`), the speedup frontier's place holds the
@@ -31,7 +36,7 @@ from .free_sparsity import DELTA, free_sparsity
 from .labels import folder_label, ran_with
 from .page import TEMPLATE
 from .published import load_published, matches
-from .summary import Comparison
+from .summary import ALLOWED, Comparison
 from .tables import Table, escape, slug
 
 
@@ -65,14 +70,16 @@ def groups(comparison: Comparison, delta: float = DELTA) -> list[Group]:
                       *(plots.routing_map(comparison, c, base, i) for i, c in enumerate(routers))])
     found = [summary, adaptive]
     if reproduced := matches(comparison):
-        found.append(Group(f"{base}-reproduction", "Reproduction of published figures",
+        found.append(Group(f"{base}-reproduction", "Published figures: reproductions and comparisons",
                            [tables.reproduction(reproduced, load_published().paper)]))
     if free := free_sparsity(comparison, delta):
         found.append(Group(f"{base}-free-sparsity", "Sparsity within δ of full attention",
-                           [tables.free_sparsity_table(free)]))
+                           [tables.free_sparsity_table(free, comparison.protocol.name)]))
     for name, benchmark_tables in tables.benchmark_tables(comparison):
         curve = plots.length_curves(comparison, name, base)
-        found.append(Group(f"{base}-{slug(name)}", name, benchmark_tables, [curve] if curve else []))
+        declared = comparison.protocol.benchmark(name).describe()
+        found.append(Group(f"{base}-{slug(name)}", name, benchmark_tables, [curve] if curve else [],
+                           [f"Protocol `{comparison.protocol.name}`: {declared}."]))
     if len(comparison.configs) > 1:
         found.append(Group(f"{base}-pairs", "Paired differences", [tables.pair_differences(comparison)]))
     found.append(Group(f"{base}-configurations", "Configurations", [legend(comparison)]))
@@ -95,17 +102,36 @@ def _where(cell: CellResult) -> str:
                        str(cell.length)])
 
 
+def _config_name(cell: CellResult) -> str:
+    return " · ".join([*([cell.run] if cell.run else []), cell.model, folder_label(cell.method)])
+
+
 def cell_folds(comparison: Comparison) -> list[tuple[str, list[tuple[str, list[str]]]]]:
-    """(title, [(message, cells)]) for the excluded cells (folded by configuration) and the failed cells (folded by
-    error message), for the kinds that have any."""
+    """(title, [(message, cells)]) for the excluded cells and the cells outside the protocol (folded by
+    configuration), the in-distribution cells (folded by configuration, learned file and the identities it shares
+    with the task) and the failed cells (folded by error message), for the kinds that have any."""
     found = []
     if comparison.excluded:
         by_config: dict[str, list[str]] = {}
         for c in comparison.excluded:
-            by_config.setdefault(" · ".join([*([c.run] if c.run else []), c.model, folder_label(c.method)]),
-                                 []).append(f"{c.task} · {c.length}")
+            by_config.setdefault(_config_name(c), []).append(f"{c.task} · {c.length}")
         found.append(("Excluded cells (complete, but not completed by every configuration)",
                       [(f"{name}: not run or not complete elsewhere", cells) for name, cells in by_config.items()]))
+    if comparison.outside:
+        by_config = {}
+        for c in comparison.outside:
+            by_config.setdefault(_config_name(c), []).append(f"{c.task} · {c.length}")
+        found.append((f"Cells outside the `{comparison.protocol.name}` protocol (their tasks are not in its task set)",
+                      [(f"{name}: not averaged", cells) for name, cells in by_config.items()]))
+    if marked := [c for config in comparison.configs for c in config.cells.values() if c.in_distribution]:
+        by_file: dict[str, list[str]] = {}
+        for c in marked:
+            for f in c.in_distribution:
+                message = (f"{_config_name(c)}: {f['artifact']} was trained on {', '.join(f['shared'])}"
+                           + (" (scored under --allow-in-distribution)" if c.allow_in_distribution else ""))
+                by_file.setdefault(message, []).append(f"{c.task} · {c.length}")
+        found.append(("In-distribution cells (a learned file was trained on the task's generator or dataset)",
+                      list(by_file.items())))
     if comparison.failed:
         by_error: dict[str, list[str]] = {}
         for c in comparison.failed:
@@ -130,7 +156,7 @@ def short_hash(git_hash: str) -> str:
 def provenance(comparisons: list[Comparison]) -> Table:
     """Where the results come from: every distinct version, git hash, source digest, device, backend, and the dates,
     of the cells."""
-    cells = [c for comparison in comparisons for c in [*comparison.cells, *comparison.excluded]]
+    cells = [c for comparison in comparisons for c in [*comparison.cells, *comparison.excluded, *comparison.outside]]
     rows: dict[str, str] = {}
     for key in sorted({k for c in cells for k in c.versions}):
         rows[key] = ", ".join(sorted({c.versions[key] for c in cells if key in c.versions}))
@@ -157,11 +183,12 @@ def render_markdown(built: Built, source: str, stamp: str) -> str:
     for comparison, found in built:
         lines += [f"## {escape(comparison.title)}", ""]
         lines += [escape(comparable(comparison)) if comparison.keys else "No cell that every configuration completed.",
-                  ""]
+                  "", escape(comparison.protocol.describe()), ""]
         for group in found:
             lines += [f"### {escape(group.heading)}", ""]
             for table in group.tables:
-                lines += [f"**{escape(table.title)}**", "", table.markdown(), ""]
+                lines += [f"**{escape(table.title)}**" + (f" · protocol: {escape(table.protocol)}"
+                                                          if table.protocol else ""), "", table.markdown(), ""]
                 lines += [escape(table.note), ""] if table.note else []
             for plot in group.plots:
                 lines += [f"![{escape(plot.title)}]({plot.id}.png)", "", escape(plot.caption), ""]
@@ -174,11 +201,15 @@ def render_markdown(built: Built, source: str, stamp: str) -> str:
 
 
 def _html_table(table: Table) -> dict:
-    """The header and the rows of a table for the template, each cell with whether it is text (aligned left)."""
+    """The header and the rows of a table for the template, each cell with whether it is text (aligned left) and
+    whether it is red (a value of a cell scored under ``--allow-in-distribution``)."""
     shown = table.formatted()
     text = [True] + [table.kinds.get(c, table.kind) == "text" for c in shown.columns]
-    return {"header": list(zip([shown.index.name or "", *map(str, shown.columns)], text)),
-            "rows": [list(zip([str(name), *values], text)) for name, *values in shown.itertuples()]}
+    rows = []
+    for name, *values in shown.itertuples():
+        red = [False] + [table.mark(name, column) == ALLOWED for column in shown.columns]
+        rows.append(list(zip([str(name), *values], text, red)))
+    return {"header": list(zip([shown.index.name or "", *map(str, shown.columns)], text)), "rows": rows}
 
 
 def render_html(built: Built, source: str, stamp: str) -> str:
@@ -188,8 +219,10 @@ def render_html(built: Built, source: str, stamp: str) -> str:
         sections.append({
             "id": slug(comparison.title), "title": comparison.title,
             "comparable": comparable(comparison) if comparison.keys else "No cell that every configuration completed.",
+            "protocol": comparison.protocol.describe(),
             "groups": [{"id": g.id, "heading": g.heading, "notes": g.notes,
-                        "tables": [{"id": t.id, "title": t.title, "note": t.note, **_html_table(t)}
+                        "tables": [{"id": t.id, "title": t.title, "protocol": t.protocol, "note": t.note,
+                                    **_html_table(t)}
                                    for t in g.tables],
                         "plots": [{"id": p.id, "title": p.title, "caption": p.caption,
                                    "data": base64.b64encode(p.png).decode("ascii")} for p in g.plots]}

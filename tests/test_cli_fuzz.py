@@ -62,6 +62,8 @@ OUT_OF_RANGE = {
     "testbed eval": [("--samples", "0"), ("--local", "0"), ("--sink", "-1"), ("--lengths", "0")],
     "testbed heads": [("--samples", "-2"), ("--length", "0"), ("--tasks", "nope")],
     "testbed probe": [("--samples", "0"), ("--length", "0")],
+    "report": [("--protocol", "bogus"), ("--delta", "-1")],
+    "compare": [("--protocol", "Paper")],
 }
 BAD_DEVICES = ["gpu", "cuda:999", "cuda:-1", "", "cuda:x", "tpu:0", "CPU", " cpu"]
 BAD_METHOD_OPTIONS = [
@@ -217,7 +219,10 @@ def make_case(rng: random.Random, command: str, options: list[Option], paths: di
         elif kind == "stray argument":
             bad.append([rng.choice(["stray", "extra", "1"])])
         elif kind == "wrong type":
-            option = rng.choice([o for o in options if o.kind in WRONG and o.dest not in taken])
+            typed = [o for o in options if o.kind in WRONG and o.dest not in taken]
+            if not typed:  # drawn twice for a command with one typed option
+                continue
+            option = rng.choice(typed)
             bad.append([option.flag, rng.choice(WRONG[option.kind])])
             taken.add(option.dest)
         elif kind == "bad choice":

@@ -20,6 +20,7 @@ from typing import Any
 
 from elastic_bench.foundation.commands import Command
 from elastic_bench.foundation.options import check_at_least, check_folder_output, check_lengths, field_help
+from elastic_bench.results.protocols import get_protocol
 from elastic_bench.testbed import STREAMING_LOCAL, STREAMING_SINK
 
 
@@ -69,18 +70,23 @@ class ReportConfig:
         run_dir: the run folder (the --output of `elastic-bench run`).
         output: folder for the report files (none: RUN_DIR/report).
         delta: δ in score points of the "sparsity within δ of full attention" table: per method and task category,
-            the largest ΩESR whose score stays within δ of full attention (paired bootstrap, 95%).
+            the largest ΩESR whose score stays within δ of full attention (paired bootstrap, 95%), chosen on one half
+            of the items and confirmed on the other.
+        protocol: how benchmarks are averaged (official: each benchmark's own code and README; paper: the Elastic
+            Attention paper's tables, e.g. RULER over 11 tasks, LongBench-E weighted by items).
     """
 
     run_dir: str
     output: str | None = None
     delta: float = 1.0  # elastic_bench.reports.free_sparsity.DELTA
+    protocol: str = "official"
 
     def __post_init__(self):
         if self.output is not None:
             check_folder_output(self.output)
         if self.delta < 0:
             raise ValueError(f"--delta must be >= 0 score points, got {self.delta}")
+        get_protocol(self.protocol)
 
 
 @dataclass
@@ -90,12 +96,16 @@ class CompareConfig:
     Attributes:
         runs: two or more run folders (each the --output of `elastic-bench run`), side by side.
         output: folder for the comparison files (none: compare-RUN_A-RUN_B… beside RUN_A).
+        protocol: how benchmarks are averaged (official: each benchmark's own code and README; paper: the Elastic
+            Attention paper's tables).
     """
 
     runs: list[str]
     output: str | None = None
+    protocol: str = "official"
 
     def __post_init__(self):
+        get_protocol(self.protocol)
         if len(self.runs) < 2:
             raise ValueError(f"compare needs two or more run folders, got {len(self.runs)}")
         resolved = [Path(r).resolve() for r in self.runs]
@@ -220,7 +230,8 @@ def _report(command: Command, args: argparse.Namespace) -> int:
     output = Path(config.output) if config.output else Path(config.run_dir) / "report"
     check_folder_output(output, "--output" if config.output else "the report folder")
     cells = load_cells(config.run_dir, aggregations=official_aggregation)
-    written = write_report(summarize(cells), output, source=config.run_dir, delta=config.delta)
+    written = write_report(summarize(cells, get_protocol(config.protocol)), output, source=config.run_dir,
+                           delta=config.delta)
     print(f"report written to {output / 'report.html'} and {output / 'report.md'} ({len(written)} files)")
     return 0
 
@@ -234,7 +245,7 @@ def _compare(command: Command, args: argparse.Namespace) -> int:
              for c in load_cells(run, run=name, aggregations=official_aggregation)]
     output = Path(config.output) if config.output else Path(config.runs[0]).parent / "-".join(["compare", *names])
     check_folder_output(output, "--output" if config.output else "the comparison folder")
-    written = write_report(compare(cells), output, source=", ".join(config.runs))
+    written = write_report(compare(cells, get_protocol(config.protocol)), output, source=", ".join(config.runs))
     print(f"comparison written to {output / 'report.html'} and {output / 'report.md'} ({len(written)} files)")
     return 0
 
@@ -377,8 +388,10 @@ COMMANDS = (
         "configurations of a model are compared on the cells all of them completed: per benchmark the score, ΩMSR and "
         "ΩESR per task with the benchmark's own breakdown (RULER per length, LongBench-E per length bucket, "
         "LongBench-v2 per difficulty and length, categories), the adaptive sparsity per task category, the routing "
-        "map of a router, speedup vs `full`, the Pareto frontiers of score vs ΩESR and vs speedup, and "
-        "paired-bootstrap score differences.",
+        "map of a router, speedup vs `full`, the Pareto frontiers of score vs ΩESR and vs speedup, the published "
+        "figures a configuration reproduces or is compared with, the sparsest configuration within δ of full "
+        "attention (chosen on half the items, confirmed on the other half), and paired-bootstrap score differences "
+        "(Holm-adjusted). --protocol picks how benchmarks are averaged; every table names it.",
         _report, configs=(ReportConfig,), positional=("run_dir",),
     ),
     Command(
@@ -386,7 +399,8 @@ COMMANDS = (
         "Read two or more run folders and write one report.md and report.html of every method configuration of every "
         "run (methods × runs) on the cells all of them completed, with per pair of configurations the score "
         "difference and its paired-bootstrap 95% interval over the shared samples (matched by task, length and sample "
-        "id). Runs are named by their folders' last components.",
+        "id), with p-values Holm-adjusted over all the pairs. Runs are named by their folders' last components; "
+        "--protocol picks how benchmarks are averaged.",
         _compare, configs=(CompareConfig,), positional=("runs",),
     ),
     Command("methods", "list registered methods and their options",

@@ -1,5 +1,7 @@
 """The terminal table of a run: one row per cell (`summary_row`), a per-method summary above them, a legend and the
-CPU caveat (`format_rows`). The report (`elastic_bench.reports`) holds the full tables and frontiers."""
+CPU caveat (`format_rows`). A cell a learned file was trained on (its ``metrics.json`` records a non-empty
+``in_distribution``) is marked in a column of its own, shown only when some cell is. The report
+(`elastic_bench.reports`) holds the full tables and frontiers."""
 
 from __future__ import annotations
 
@@ -9,13 +11,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from elastic_bench.results.store import Cell
+from elastic_bench.results.store import ALLOWED, IN_DISTRIBUTION, Cell, in_distribution_mark
 
 
 def summary_row(cell: Cell) -> dict[str, Any]:
     """One line of the run summary for ``cell``; ``device`` (where it ran) is kept for `format_rows`' CPU caveat and
-    not shown as a column."""
+    not shown as a column; ``in_distribution`` is the cell's mark (``†``, ``‡`` where the run was
+    told to score it, "" for a held-out cell: `elastic_bench.results.store.in_distribution_mark`)."""
     metrics = cell.metrics() or {}
+    marked = in_distribution_mark(metrics.get("in_distribution"), metrics.get("allow_in_distribution") is True)
     return {
         "model": cell.model,
         "method": cell.method,
@@ -27,15 +31,19 @@ def summary_row(cell: Cell) -> dict[str, Any]:
         "omega_esr": metrics.get("omega_esr"),
         "prefill_ms": 1000 * metrics["prefill_seconds"] if "prefill_seconds" in metrics else None,
         "device": metrics.get("device"),
+        "in_distribution": marked,
     }
 
 
 # Decimals per column of the terminal table: scores are 0-100, sparsities fractions.
 _DECIMALS = {"score": 1, "omega_msr": 3, "omega_esr": 3, "prefill_ms": 1}
-_HEADERS = {"omega_msr": "ΩMSR", "omega_esr": "ΩESR"}
+_HEADERS = {"omega_msr": "ΩMSR", "omega_esr": "ΩESR", "in_distribution": "in-dist"}
 LEGEND = ("score: the task's score (0-100); ΩMSR: share of (layer, KV head) pairs not attending in full; ΩESR: share "
           "of causal (query, key) pairs skipped;\nprefill_ms: mean prefill of a cell's prompts timed alone. The "
           "summary gives means over a method's complete cells, and the median of their prefill_ms.")
+IN_DISTRIBUTION_LEGEND = (f"in-dist: {IN_DISTRIBUTION} a learned file of the method was trained on the task's "
+                          f"generator or dataset; {ALLOWED} the same, scored because the run was given "
+                          "--allow-in-distribution.")
 CPU_CAVEAT = ("prefill_ms was measured on the CPU, where sparse methods do not run the GPU kernels: it says nothing of "
               "their speedups.")
 
@@ -47,12 +55,13 @@ def format_rows(rows: list[dict[str, Any]], output: str | Path) -> str:
 
     if not rows:
         return "(no cells)"
-    columns = [c for c in rows[0] if c != "device"]
-    table = tabulate([[_format(c, r[c]) for c in columns] for r in rows],
+    marked = any(r.get("in_distribution") for r in rows)
+    columns = [c for c in rows[0] if c not in ("device", "in_distribution")] + (["in_distribution"] if marked else [])
+    table = tabulate([[_format(c, r.get(c)) for c in columns] for r in rows],
                      headers=[_HEADERS.get(c, c) for c in columns], disable_numparse=True)
     summary = tabulate(_method_summary(rows), headers="keys", disable_numparse=True)
-    lines = [summary, "", table, "", LEGEND, f"results: {output} (full tables and frontiers: elastic-bench report "
-             f"{output})"]
+    lines = [summary, "", table, "", LEGEND, *([IN_DISTRIBUTION_LEGEND] if marked else []),
+             f"results: {output} (full tables and frontiers: elastic-bench report {output})"]
     if any(str(r.get("device") or "").startswith("cpu") and r.get("prefill_ms") is not None for r in rows):
         lines.append(CPU_CAVEAT)
     return "\n".join(lines)

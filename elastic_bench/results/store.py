@@ -276,3 +276,14 @@ def _json_object(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+IN_DISTRIBUTION, ALLOWED = "†", "‡"
+"""How tables mark a cell that a learned file of its method was trained on (its ``metrics.json`` records a non-empty
+``in_distribution``): ``†``, or ``‡`` where the run was told to score such cells (``allow_in_distribution``)."""
+
+
+def in_distribution_mark(in_distribution: Any, allowed: bool) -> str:
+    """The mark of a cell whose ``metrics.json`` records ``in_distribution`` (a list of findings; empty or missing:
+    held out) and ``allow_in_distribution`` = ``allowed``: "" for a held-out cell."""
+    return (ALLOWED if allowed else IN_DISTRIBUTION) if in_distribution else ""
