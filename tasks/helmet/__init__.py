@@ -24,22 +24,22 @@ def _add(name: str, group: str, base: type, **attrs) -> None:
 
 
 _add("json_kv", "helmet_recall", d.JsonKV)
-_add("ruler_niah_mk_2", "helmet_recall", d.RulerNiah, **d._niah("niah_multikey_2", 50, many=False))
-_add("ruler_niah_mk_3", "helmet_recall", d.RulerNiah, **d._niah("niah_multikey_3", 100, many=False))
-_add("ruler_niah_mv", "helmet_recall", d.RulerNiah, **d._niah("niah_multivalue", 50, many=True))
+_add("ruler_niah_mk_2", "helmet_recall", d.RulerNiah, **d.niah_attributes("niah_multikey_2", 50, many=False))
+_add("ruler_niah_mk_3", "helmet_recall", d.RulerNiah, **d.niah_attributes("niah_multikey_3", 100, many=False))
+_add("ruler_niah_mv", "helmet_recall", d.RulerNiah, **d.niah_attributes("niah_multivalue", 50, many=True))
 
 _KS = (20, 50, 105, 220, 440, 1000)
-_add("kilt_nq", "helmet_rag", d.Kilt, **d._kilt("nq", 6, _KS))
-_add("kilt_triviaqa", "helmet_rag", d.Kilt, **d._kilt("triviaqa", 6, _KS))
-_add("kilt_hotpotqa", "helmet_rag", d.Kilt, **d._kilt("hotpotqa", 3, _KS))
-_add("kilt_popqa", "helmet_rag", d.Kilt, **d._kilt("popqa", 6, _KS, threshold=3))
+_add("kilt_nq", "helmet_rag", d.Kilt, **d.kilt_attributes("nq", 6, _KS))
+_add("kilt_triviaqa", "helmet_rag", d.Kilt, **d.kilt_attributes("triviaqa", 6, _KS))
+_add("kilt_hotpotqa", "helmet_rag", d.Kilt, **d.kilt_attributes("hotpotqa", 3, _KS))
+_add("kilt_popqa", "helmet_rag", d.Kilt, **d.kilt_attributes("popqa", 6, _KS, threshold=3))
 
 _add("msmarco_rerank", "helmet_rerank", d.MsMarco)
 
 
 def _icl(name: str, base: type, repo: str, config: str | None, label: str, labels: int, shots: tuple[int, ...],
          splits: dict[str, str]) -> None:
-    sources = {role: d._icl_source(name, split, repo, config) for role, split in splits.items()}
+    sources = {role: d.icl_source(name, split, repo, config) for role, split in splits.items()}
     _add(f"icl_{name}", "helmet_icl", base, label=label, labels=labels, shots=shots, splits=sources)
 
 

@@ -102,7 +102,7 @@ class RulerNiah(FileTask):
         return sum(a.lower() in output.lower() for a in sample.references) / len(sample.references)
 
 
-def _niah(folder: str, generation: int, many: bool) -> dict[str, Any]:
+def niah_attributes(folder: str, generation: int, many: bool) -> dict[str, Any]:
     if many:
         user = ("Some special magic {type_needle_v} are hidden within the following text. Make sure to memorize it. "
                 "I will quiz you about the {type_needle_v} afterwards.\n{context}\nWhat are all the special magic "
@@ -158,7 +158,7 @@ def _passages(ctxs: list[dict[str, Any]]) -> str:
     return "\n\n".join("Document (Title: {title}): {text}".format(**c) for c in ctxs)
 
 
-def _kilt(name: str, depth: int, ks: tuple[int, ...], threshold: float | None = None) -> dict[str, Any]:
+def kilt_attributes(name: str, depth: int, ks: tuple[int, ...], threshold: float | None = None) -> dict[str, Any]:
     stem = "popqa_test_1000" if name == "popqa" else f"{name}-dev-multikilt_1000"
     demo = "popqa_test_1000" if name == "popqa" else f"{name}-train-multikilt_1000"
     return {"test_files": tuple(f"data/kilt/{stem}_k{k}_dep{depth}.jsonl" for k in ks),
@@ -284,7 +284,7 @@ class IclHeldOut(Icl):
         return [rows[i] for i in order[held_out:]], [rows[i] for i in order[:held_out]]
 
 
-def _icl_source(name: str, split: str, repo: str, config: str | None) -> Source:
+def icl_source(name: str, split: str, repo: str, config: str | None) -> Source:
     return Source(f"HELMET ICL {name} {split} rows", (f"helmet/icl/{name}/{split}.jsonl",),
                   f"They are the {split} rows of the {repo} dataset on the Hugging Face hub (one JSON object per "
                   "line).", hub_rows=(repo, config, split))
