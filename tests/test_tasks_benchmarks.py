@@ -266,3 +266,45 @@ def test_random_is_not_touched_by_sample_building(data_dir, tok):
     tasks.get("nolima", data_dir=data_dir).samples(tok, 4096, limit=2)
     assert random.random() == random.Random(3).random()
     assert np.random.random() == np.random.RandomState(3).random()
+
+
+# ---- the catalog and `elastic-bench tasks` --------------------------------------------------------------------------
+
+
+def test_every_registered_task_has_a_benchmark_with_source_and_licence():
+    from elastic_bench.tasks import catalog
+
+    for name in tasks.names():
+        bench = catalog.benchmark_of(name)
+        assert bench is not None and bench.upstream and bench.licence, name
+    assert catalog.benchmark_of("longbench_pro").name == "LongBench Pro"
+    assert catalog.benchmark_of("longbench_v2_cot").name == "LongBench-v2"
+    assert all(b.note for b in catalog.BENCHMARKS if b.prefix is None)
+
+
+def test_tasks_listing_shows_benchmarks_licences_and_what_is_not_registered(capsys):
+    import re
+
+    from elastic_bench.cli import main
+
+    assert main(["tasks"]) == 0
+    listing = capsys.readouterr().out
+    for row in (r"NoLiMa\s+2\s+amodaresi/NoLiMa", r"BABILong\s+10\s", r"MRCR\s+3\s+openai/mrcr", r"HELMET\s+15\s",
+                r"GraphWalks\s+2\s", r"LongBench Pro\s+1\s", r"mrcr\s+3$", r"helmet_icl\s+5$", r"babilong\s+5$"):
+        assert re.search(rf"^{row}", listing, re.MULTILINE), row
+    assert "Adobe Research License" in listing and "Not registered: RULER v2" in listing
+    assert re.search(r"^nolima\s+corpus or hub\s+nolima/needlesets/needle_set.json", listing, re.MULTILINE)
+
+
+@pytest.mark.parametrize("path, sha256", [
+    ("babilong/prompts.json", "c30f2a9daf2c1b69aa6e1599566f067b49a568b4bcb3ba6f88f0fa55a190068c"),
+    ("nolima/task_template.txt", "e6167bd1232798601988f4b53017a78414023cccd07b1c136c4415b087ea6754"),
+])
+def test_shipped_upstream_strings_are_those_recorded_in_the_notice(path, sha256):
+    import hashlib
+    from importlib import resources
+
+    data = (resources.files("elastic_bench.tasks") / "data" / path).read_bytes()
+    assert hashlib.sha256(data).hexdigest() == sha256
+    notice = (resources.files("elastic_bench.tasks") / "data" / "NOTICE.md").read_text(encoding="utf-8")
+    assert sha256 in notice
