@@ -33,12 +33,8 @@ def tok():
 
 
 @pytest.fixture(autouse=True)
-def no_hub(monkeypatch):
-    def offline(*args):
-        raise ConnectionError("offline test")
-
-    monkeypatch.setattr(corpora, "hub_download", offline)
-    monkeypatch.setattr(corpora, "hub_rows", offline)
+def no_hub(offline_hub):
+    """Every test here reads the fixtures only."""
 
 
 def shortest(name: str) -> int:

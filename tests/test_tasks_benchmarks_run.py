@@ -17,20 +17,18 @@ from fixtures.benchmarks_data import build
 from elastic_bench import tasks
 from elastic_bench.cli import main
 from elastic_bench.modeling import generation
-from elastic_bench.tasks import corpora
 
 CAP = 4
 
 
 @pytest.fixture
-def short_answers(monkeypatch):
+def short_answers(monkeypatch, offline_hub):
     original = generation.greedy_generate
 
     def capped(model, input_ids, max_new_tokens, *args, **kwargs):
         return original(model, input_ids, min(max_new_tokens, CAP), *args, **kwargs)
 
     monkeypatch.setattr(generation, "greedy_generate", capped)
-    monkeypatch.setattr(corpora, "hub_download", lambda *a: (_ for _ in ()).throw(ConnectionError("offline")))
 
 
 @pytest.mark.slow
