@@ -2,7 +2,9 @@
 
 Design decisions:
 - A task's benchmark comes from its registered name (``ruler_*``, ``longbench_e_*``, ``longbench_v2*``,
-  ``longbench_*``, ``testbed_*``); any other task is a benchmark of its own.
+  ``longbench_pro``, ``longbench_*``, ``testbed_*``, ``nolima*``, ``babilong_*``, ``mrcr_*``, ``graphwalks_*``,
+  ``helmet_*``); any other task is a benchmark of its own. The benchmarks of 2026 are read per length, their tasks'
+  categories (sensitive / robust) coming from their samples' ``metadata.category``.
 - Categories follow the benchmarks' papers: RULER's four families (retrieval, multi-hop tracing, aggregation, QA;
   arXiv 2404.06654 §3), LongBench's six task types (arXiv 2308.14508 Table 1). A sample's own ``metadata.category``
   (the testbed's ``sensitive`` / ``robust``, the router's training categories) wins over them.
@@ -45,13 +47,17 @@ BENCHMARKS = {
     "LongBench-v2": Benchmark("LongBench-v2", "official", LONGBENCH_V2_BREAKDOWN),
     "LongBench": Benchmark("LongBench", "category"),
     "testbed": Benchmark("testbed", "category"),
+    **{name: Benchmark(name, "length") for name in ("LongBench-Pro", "NoLiMa", "BABILong", "MRCR", "GraphWalks",
+                                                    "HELMET")},
 }
 
 
 def benchmark_of(task: str) -> Benchmark:
     """The benchmark of a registered task name (a task of no known benchmark is one of its own, read per length)."""
     for prefix, name in (("ruler_", "RULER"), ("longbench_e_", "LongBench-E"), ("longbench_v2", "LongBench-v2"),
-                         ("longbench_", "LongBench"), ("testbed_", "testbed")):
+                         ("longbench_pro", "LongBench-Pro"), ("longbench_", "LongBench"), ("testbed_", "testbed"),
+                         ("nolima", "NoLiMa"), ("babilong_", "BABILong"), ("mrcr_", "MRCR"),
+                         ("graphwalks_", "GraphWalks"), ("helmet_", "HELMET")):
         if task.startswith(prefix):
             return BENCHMARKS[name]
     return Benchmark(task, "length")

@@ -31,3 +31,15 @@ def no_model(monkeypatch):
         raise AssertionError("a model was loaded")
 
     monkeypatch.setattr("elastic_bench.modeling.loading.load_model", refuse)
+
+
+@pytest.fixture
+def offline_hub(monkeypatch):
+    """No Hugging Face hub: a corpus missing from the data directory stays missing."""
+    from elastic_bench.tasks import corpora
+
+    def offline(*args):
+        raise ConnectionError("offline test")
+
+    monkeypatch.setattr(corpora, "hub_download", offline)
+    monkeypatch.setattr(corpora, "hub_rows", offline)

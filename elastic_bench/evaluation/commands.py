@@ -336,6 +336,7 @@ def _list_preset(name: str) -> int:
 
 def _list_tasks(command: Command, args: argparse.Namespace) -> int:
     from elastic_bench import tasks
+    from elastic_bench.tasks import catalog
     from elastic_bench.tasks.corpora import ENV_VAR
 
     rows = [("TASK", "DATA", "FROM")]
@@ -350,6 +351,14 @@ def _list_tasks(command: Command, args: argparse.Namespace) -> int:
     print("\n".join(aligned(rows)))
     groups = sorted(tasks.groups().items())
     print("\n" + "\n".join(aligned([("GROUP", "TASKS"), *((g, str(len(m))) for g, m in groups)])))
+    names = tasks.names()
+    rows = [("BENCHMARK", "TASKS", "DATA", "LICENCE")]
+    for bench in (b for b in catalog.BENCHMARKS if b.prefix is not None):
+        count = sum(catalog.benchmark_of(n) is bench for n in names)
+        rows.append((bench.name, str(count), bench.upstream, bench.licence))
+    print("\n" + "\n".join(aligned(rows)))
+    for bench in (b for b in catalog.BENCHMARKS if b.prefix is None):
+        print(textwrap.fill(f"Not registered: {bench.name} ({bench.upstream}): {bench.note}.", _width()))
     note = (f"Corpus paths are under the --data-dir DIR of elastic-bench run, else ${ENV_VAR}. A file found in neither "
             "is downloaded from the hub where one is named; else the cells of its tasks fail, naming the file.")
     print("\n" + textwrap.fill(note, _width()))
