@@ -76,12 +76,12 @@ def test_overall_progress_bar_counts_cells_done_and_skipped(tmp_path, capsys):
 def _row(method, score, status="complete", device="cpu (x86_64)", **values):
     return {"model": "testbed", "method": method, "task": "testbed", "length": 1024, "status": status,
             "score": score, "omega_msr": values.get("msr"), "omega_esr": values.get("esr"),
-            "prefill_ms": values.get("ms"), "device": device}
+            "prefill_ms": values.get("ms"), "in_dist": values.get("in_dist"), "device": device}
 
 
 def test_format_rows_summarises_methods_with_fixed_decimals_a_legend_and_the_cpu_caveat():
     rows = [_row("full", 100.0, msr=0.0, esr=0.0, ms=20.0), _row("full", 0, msr=0.0, esr=0.0, ms=40.0),
-            _row("streaming", 100 / 3, msr=1.0, esr=0.5, ms=90.0),
+            _row("streaming", 100 / 3, msr=1.0, esr=0.5, ms=90.0, in_dist="yes"),
             _row("streaming", None, status="failed", device=None)]
     text = format_rows(rows, "runs/demo")
     lines = text.splitlines()
@@ -90,8 +90,10 @@ def test_format_rows_summarises_methods_with_fixed_decimals_a_legend_and_the_cpu
     assert summary[2].split() == ["full", "2/2", "0", "50.0", "0.000", "0.000", "30.0"]
     assert summary[3].split() == ["streaming", "1/2", "1", "33.3", "1.000", "0.500", "90.0"]
     cells = [line.split() for line in lines[len(summary) + 1:]]
-    assert cells[0] == ["model", "method", "task", "length", "status", "score", "ΩMSR", "ΩESR", "prefill_ms"]
+    assert cells[0] == ["model", "method", "task", "length", "status", "score", "ΩMSR", "ΩESR", "prefill_ms",
+                        "in_dist"]
     assert [row[5] for row in cells[2:6]] == ["100.0", "0.0", "33.3", "-"]
+    assert [row[-1] for row in cells[2:6]] == ["-", "-", "yes", "-"]  # a cell scored on its learned file's own data
     assert "elastic-bench report runs/demo" in text and lines[-1] == CPU_CAVEAT
     on_gpu = format_rows([_row("full", 50.0, device="NVIDIA H200", ms=5.0)], "runs/gpu")
     assert CPU_CAVEAT not in on_gpu and "50.0" in on_gpu

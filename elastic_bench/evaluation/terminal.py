@@ -26,16 +26,28 @@ def summary_row(cell: Cell) -> dict[str, Any]:
         "omega_msr": metrics.get("omega_msr"),
         "omega_esr": metrics.get("omega_esr"),
         "prefill_ms": 1000 * metrics["prefill_seconds"] if "prefill_seconds" in metrics else None,
+        "in_dist": _in_distribution(metrics),
         "device": metrics.get("device"),
     }
+
+
+def _in_distribution(metrics: dict[str, Any]) -> str | None:
+    """``yes`` for a cell whose method loaded a learned file trained on data of the task's generator or dataset
+    (`elastic_bench.evaluation.held_out`, run with --allow-in-distribution), ``?`` where a learned file records no
+    provenance, else None."""
+    if metrics.get("in_distribution"):
+        return "yes"
+    return "?" if None in (metrics.get("artifact_provenance") or {}).values() else None
 
 
 # Decimals per column of the terminal table: scores are 0-100, sparsities fractions.
 _DECIMALS = {"score": 1, "omega_msr": 3, "omega_esr": 3, "prefill_ms": 1}
 _HEADERS = {"omega_msr": "ΩMSR", "omega_esr": "ΩESR"}
 LEGEND = ("score: the task's score (0-100); ΩMSR: share of (layer, KV head) pairs not attending in full; ΩESR: share "
-          "of causal (query, key) pairs skipped;\nprefill_ms: mean prefill of a cell's prompts timed alone. The "
-          "summary gives means over a method's complete cells, and the median of their prefill_ms.")
+          "of causal (query, key) pairs skipped;\nprefill_ms: mean prefill of a cell's prompts timed alone; in_dist: "
+          "yes where a router or gate file was trained on data of the task's generator or dataset\n(scored with "
+          "--allow-in-distribution), ? where one records no provenance. The summary gives means over a method's "
+          "complete cells, and the median of their prefill_ms.")
 CPU_CAVEAT = ("prefill_ms was measured on the CPU, where sparse methods do not run the GPU kernels: it says nothing of "
               "their speedups.")
 
