@@ -262,9 +262,9 @@ def _run(config: RunConfig, held: Path) -> list[dict[str, Any]]:
                          "pass --allow-extrapolation to run it anyway")
     learned = {config.label(m): artifact_provenance(m, source.path) for m in built}
     if not config.allow_in_distribution:  # a learned file is not scored on what it was trained on
-        identities = {name: task_registry.REGISTRY.get(name).identities for name in task_names}
+        drawn_on = {name: task_registry.REGISTRY.get(name).identities for name in task_names}
         for m in built:
-            refuse_in_distribution(m, learned[config.label(m)], identities)
+            refuse_in_distribution(m, learned[config.label(m)], drawn_on)
     kept = [_held(m, source, held / str(i)) for i, m in enumerate(built)]  # (the method loading the copies, digests)
     running = {config.label(m): method for m, (method, _, _) in zip(built, kept)}
     originals = {copy: path for _, _, copies in kept for copy, path in copies.items()}
