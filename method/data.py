@@ -24,9 +24,12 @@ from elastic_bench.training.records import (
     PAPER_LABELS,
     SUMMARY_PREFIX,
     Example,
+    files_sha256,
+    official_files,
     official_mixture,
     read_official,
     read_records,
+    record_files,
     record_task,
     to_example,
 )
@@ -73,20 +76,14 @@ def read_data(source: str, path: Path | None) -> list[dict[str, Any]]:
 def data_provenance_of(source: str, path: Path | None, records: list[dict[str, Any]], lengths: list[int]
                        ) -> dict[str, Any]:
     """The ``data`` block of the provenance (`elastic_bench.training.provenance.data_provenance`) of ``records``
-    trained on at ``lengths`` tokens, from ``source`` and ``path`` (`locate`): the digest of the file or folder read
-    (`elastic_bench.results.digests`, cached), else of the records; the official mixture's identities are its
+    trained on at ``lengths`` tokens, from ``source`` and ``path`` (`locate`): the digest of the files read
+    (`files_sha256`), else of the records; the official mixture's identities are its
     sources (`OFFICIAL_IDENTITIES`), the others' those their records carry."""
-    from elastic_bench.results.digests import cached_digest, files_digest
-
     official = source.startswith("official:")
     if path is None:
         sha = records_digest(records)
-    elif path.is_file():
-        sha = cached_digest(path)
-    else:  # the files `read_data` reads
-        files = path.rglob("*.parquet") if official else (p for p in path.iterdir() if p.suffix in (".jsonl",
-                                                                                                     ".parquet"))
-        sha = files_digest(path, sorted(files))
+    else:  # of the files `read_data` reads
+        sha = files_sha256(path, official_files(path) if official else record_files(path))
     identities = OFFICIAL_IDENTITIES if official else record_identities(records)
     tasks = dict(record_task(r) for r in records)
     return data_provenance(source, sha, identities, tasks, (min(lengths), max(lengths)), len(records),

@@ -115,3 +115,28 @@ def test_an_official_mixture_that_is_nowhere_is_one_line_before_the_model_loads(
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "https://modelscope.cn/datasets/LCM_group/llama_mix_sft_64K6" in error[0]
     assert f"into {tmp_path / 'LCM_group' / 'llama_mix_sft_64K6'}/" in error[0] and "HF_HUB_OFFLINE" in error[0]
+
+
+def test_learned_files_without_provenance_read_as_unknown_and_a_malformed_one_is_one_error(tmp_path):
+    from elastic_bench.baselines.gates import gate_provenance
+    from elastic_bench.evaluation.held_out import in_distribution
+    from elastic_bench.modeling.loading import TESTBED_DIR
+
+    shipped = read_provenance(TESTBED_DIR / "elastic_router")  # written from its recorded training block
+    assert shipped["data"]["records"] == 768 and shipped["steps"] == 300 and shipped["recipe"] == "custom"
+    assert in_distribution({"router": shipped}, _identities("testbed_repeat")) == [
+        {"artifact": "router", "shared": ["generator:testbed.repeat"]}]
+    assert gate_provenance(TESTBED_DIR / "head_gates.tsv") is None  # the ablation file: no trainer's record
+    assert read_provenance(tmp_path) is None  # a released model's folder holds no router_config.json
+    router = tmp_path / "router"
+    router.mkdir()
+    (router / "router_config.json").write_text(json.dumps({"training": {"steps": 3}}))  # an older file
+    assert read_provenance(router) is None and in_distribution({"router": None}, {"generator:ruler.niah"}) == []
+    (router / "router_config.json").write_text(json.dumps({"training": {"provenance": {"data": {"identities": 1}}}}))
+    with pytest.raises(ValueError, match=r"router_config.json: provenance.data.identities must be a list of strings"):
+        read_provenance(router)
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    (gates / "full_attention_heads.tsv").write_text("1\t0\n")
+    (gates / "config.json").write_text(json.dumps({"trainer": "train-duo"}))
+    assert gate_provenance(gates) is None

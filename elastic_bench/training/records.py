@@ -53,12 +53,27 @@ class Example:
     category: str
 
 
+def record_files(path: str | Path) -> list[Path]:
+    """The files `read_records` reads at ``path``: the file, or a directory's ``.jsonl`` / ``.parquet`` files (sorted
+    by name)."""
+    path = Path(path)
+    return sorted(p for p in path.iterdir() if p.suffix in (".jsonl", ".parquet")) if path.is_dir() else [path]
+
+
+def files_sha256(folder: Path, files: list[Path]) -> str:
+    """SHA-256 of the training data ``files`` (`elastic_bench.results.digests`: a file's bytes, or for a folder's
+    files their names under ``folder`` and digests; each read once per content)."""
+    from elastic_bench.results.digests import cached_digest, files_digest
+
+    return cached_digest(files[0]) if files == [folder] else files_digest(folder, files)
+
+
 def read_records(path: str | Path) -> list[dict[str, Any]]:
     """Records of a ``.jsonl`` or ``.parquet`` file, or of every such file in a directory (sorted by name)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"training data {path} does not exist")
-    files = sorted(p for p in path.iterdir() if p.suffix in (".jsonl", ".parquet")) if path.is_dir() else [path]
+    files = record_files(path)
     if not files:
         raise FileNotFoundError(f"{path} holds no .jsonl or .parquet files")
     records: list[dict[str, Any]] = []
@@ -132,7 +147,7 @@ def official_mixture(name: str, data_dir: str | None = None) -> Path:
     from elastic_bench.tasks.corpora import ENV_VAR, data_root
 
     root = data_root(data_dir)
-    if root is not None and any((root / name).rglob("*.parquet")):
+    if root is not None and official_files(root / name):
         return root / name
     why = "HF_HUB_OFFLINE is set"
     if os.environ.get("HF_HUB_OFFLINE", "").upper() not in ("1", "ON", "YES", "TRUE"):
@@ -140,7 +155,7 @@ def official_mixture(name: str, data_dir: str | None = None) -> Path:
             from huggingface_hub import snapshot_download
 
             folder = Path(snapshot_download(name, repo_type="dataset", allow_patterns=["*.parquet", "**/*.parquet"]))
-            if any(folder.rglob("*.parquet")):
+            if official_files(folder):
                 return folder
             why = "the hub's copy holds no parquet file"
         except Exception as err:  # noqa: BLE001  (offline, not on the hub, gated: all mean "provide it locally")
@@ -151,6 +166,11 @@ def official_mixture(name: str, data_dir: str | None = None) -> Path:
                             f"https://modelscope.cn/datasets/{name} into {where}/{unset}")
 
 
+def official_files(folder: Path) -> list[Path]:
+    """The parquet files of an official mixture's ``folder``, at any depth (sorted by path)."""
+    return sorted(folder.rglob("*.parquet"))
+
+
 def read_official(folder: Path) -> list[dict[str, Any]]:
-    """The records of every parquet file below ``folder`` (sorted by path)."""
-    return [record for file in sorted(folder.rglob("*.parquet")) for record in read_records(file)]
+    """The records of every parquet file below ``folder`` (`official_files`)."""
+    return [record for file in official_files(folder) for record in read_records(file)]

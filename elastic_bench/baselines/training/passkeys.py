@@ -395,13 +395,10 @@ def _record_samples(data: PasskeyData, tokenizer) -> tuple[list[dict], list[Pass
 
 
 def _digest(path: Path) -> str:
-    """SHA-256 of a data file, or of the ``.jsonl`` / ``.parquet`` files of a folder (`read_records`' files)
-    (`elastic_bench.results.digests`, cached)."""
-    from elastic_bench.results.digests import cached_digest, files_digest
+    """SHA-256 of a haystack or records file, or of a records folder's files."""
+    from elastic_bench.training.records import files_sha256, record_files
 
-    if path.is_file():
-        return cached_digest(path)
-    return files_digest(path, sorted(p for p in path.iterdir() if p.suffix in (".jsonl", ".parquet")))
+    return files_sha256(path, record_files(path))
 
 
 def haystack_identity(source: str) -> str:
