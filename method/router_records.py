@@ -26,7 +26,7 @@ class RecordsConfig:
             tiny:llama, testbed, a local model folder, a GGUF file (or a folder holding one) or a hub id; its weights
             are not loaded.
         output: the JSON Lines file `write_router_records` writes (atomically; plain records with category, task,
-            length and tokens).
+            label, identities, length and tokens).
         lengths: record lengths in tokens, the prompt through the chat template plus the answer (e.g. 2K,8K); none:
             powers of two from min_length up to the model's positions capped at max_length, that top included.
         min_length: the shortest of the default lengths.
