@@ -186,6 +186,19 @@ def load_routers(path: str | Path, **overrides: Any) -> RouterBank:
     return bank
 
 
+def read_provenance(path: str | Path) -> dict[str, Any] | None:
+    """What the routers at ``path`` were trained on: ``training.provenance`` of its ``router_config.json``
+    (`elastic_bench.training.provenance`), checked; None for a checkpoint that records none (an older one, a released
+    model's folder)."""
+    from elastic_bench.training.provenance import check_provenance
+
+    file = Path(path) / CONFIG_FILE
+    if not file.exists():
+        return None
+    training = _read_json(file).get("training")
+    return check_provenance(training.get("provenance") if isinstance(training, dict) else None, str(file))
+
+
 def check_router_dir(path: str | Path) -> Path:
     """``path`` as a `Path`, checked to be a router checkpoint `load_routers` loads, without building a router or
     loading a model: its config read and within `BOUNDS`, its tensors read and of the config's layers and shapes,

@@ -95,12 +95,14 @@ def _gates(name: str, trainer: str, config: str, train: str, method: str, help: 
 COMMANDS = (
     Command(
         "records", "write a router training set for a model (sensitive and robust tasks at its lengths)",
-        "Write router training records for a model's tokenizer and context (its weights are not loaded): "
-        "sparsity-sensitive retrieval and multi-hop tasks (RULER's generators, DuoAttention-style passkeys) and "
-        "sparsity-robust tasks a local window serves (continuation, recent copying, summary leads), each labelled "
-        "with its category, at lengths spread over the model's context, over a corpus you give or generated text. "
-        "Seeded: the same seed and model write the same file. Train on it with `elastic-bench train-router --data "
-        "FILE`; docs/records.md says what each category means.",
+        "Write router training records for a model's tokenizer and context (its weights are not loaded): by default "
+        "the paper's five task labels from sources no registered benchmark uses, sparsity-sensitive single- and "
+        "multi-hop QA over invented facts and sparsity-robust summary leads, standard-library code completion and "
+        "few-shot tagging, each labelled with its category, label and identities, at lengths spread over the "
+        "model's context, over a corpus you give or generated reports (--tasks also takes RULER's generators and "
+        "other tasks, which a router trained on them then is in-distribution for). Seeded: the same seed and model "
+        "write the same file. Train on it with `elastic-bench train-router --data FILE`; docs/records.md says what "
+        "each task is made of.",
         _records, configs=("elastic_bench.method.router_records:RecordsConfig",),
     ),
     Command(

@@ -178,6 +178,14 @@ class Elastic(Method):
         directory = self.router_dir(model_dir)
         return {} if directory is None else {"router": directory}
 
+    def provenance(self, name: str, path: Path) -> dict[str, Any] | None:
+        """The router checkpoint's ``training.provenance`` (`elastic_bench.method.checkpoint.read_provenance`)."""
+        if name != "router":
+            return super().provenance(name, path)
+        from elastic_bench.method.checkpoint import read_provenance
+
+        return read_provenance(path)
+
     def hold(self, name: str, path: Path, folder: Path) -> Path:
         """The router checkpoint as `load_routers` reads it from ``path`` (an elastic-bench folder or a released model's
         folder), written anew into ``folder`` (`save_routers`): a run holds the routers alone, not a released model's

@@ -13,15 +13,8 @@ from dataclasses import dataclass
 from elastic_bench.foundation.files import write_jsonl
 from elastic_bench.foundation.options import check_at_least, check_file_output, check_lengths
 from elastic_bench.foundation.registry import did_you_mean
-from elastic_bench.training.make_records import (
-    CATEGORIES,
-    CorpusText,
-    GeneratedText,
-    default_lengths,
-    make_task,
-    router_records,
-    task_names,
-)
+from elastic_bench.training.make_records import DEFAULT_TASKS, default_lengths, make_task, router_records, task_names
+from elastic_bench.training.record_text import CATEGORIES, CorpusText, GeneratedText
 
 
 @dataclass
@@ -33,15 +26,16 @@ class RecordsConfig:
             tiny:llama, testbed, a local model folder, a GGUF file (or a folder holding one) or a hub id; its weights
             are not loaded.
         output: the JSON Lines file `write_router_records` writes (atomically; plain records with category, task,
-            length and tokens).
+            label, identities, length and tokens).
         lengths: record lengths in tokens, the prompt through the chat template plus the answer (e.g. 2K,8K); none:
             powers of two from min_length up to the model's positions capped at max_length, that top included.
         min_length: the shortest of the default lengths.
         max_length: the cap on the default lengths.
         samples: records per category (sensitive, robust) and length, cycling over the category's tasks.
-        tasks: the tasks to draw from (docs/records.md lists them); none: all.
+        tasks: the tasks to draw from (docs/records.md lists them); none: single_qa, multihop_qa, summary, code and
+            icl, the paper's five labels from sources no benchmark uses.
         corpus: a text file, or a folder of .txt files, that the haystacks and passages come from; none: generated
-            text.
+            reports.
         data_dir: folder holding nltk's punkt model (nltk_data/, to split a corpus into sentences) and RULER's cwe word
             list; none: $ELASTIC_BENCH_DATA.
         seed: the records' seed: the same seed and model write the same file.
@@ -103,7 +97,7 @@ def make_router_records(config: RecordsConfig, tokenizer=None) -> list[dict]:
     from elastic_bench.modeling.loading import load_tokenizer, max_positions
 
     text = CorpusText(config.corpus, config.data_dir) if config.corpus else GeneratedText()
-    names = config.tasks or list(task_names())
+    names = config.tasks or list(DEFAULT_TASKS)
     tasks = [make_task(name, text, config.data_dir) for name in names]
     positions = max_positions(config.model)
     lengths = config.lengths or default_lengths(positions, config.min_length, config.max_length)

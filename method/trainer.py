@@ -32,8 +32,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -59,9 +61,19 @@ from elastic_bench.training.engine import (
 )
 from elastic_bench.training.engine import all_reduce_sum as _all_reduce_sum
 from elastic_bench.training.engine import tokenize as tokenize_examples
+from elastic_bench.training.provenance import epoch_tokens, learned_provenance
 
 from .checkpoint import RouterBank, RouterConfig, save_routers
-from .data import DEFAULT_TARGETS, check_categories, load_examples, synthetic_records, to_example
+from .data import (
+    DEFAULT_TARGETS,
+    check_categories,
+    data_provenance_of,
+    locate,
+    read_data,
+    record_task,
+    synthetic_records,
+    to_example,
+)
 from .modes import ModeConfig
 from .objective import LagrangeMultipliers, omega_msr, sparsity_penalty
 from .relaxation import gumbel_noise, temperature
@@ -76,8 +88,12 @@ class RouterTrainConfig:
         model: base model spec (``tiny:qwen3``, ``testbed``, a path or hub id); frozen during training.
         data: training records (a JSONL/parquet file or a directory of them, `elastic_bench.method.data`),
             ``"records"`` (the records ``elastic-bench records --model MODEL --seed SEED`` writes, made in the
-            process: sensitive and robust tasks at lengths spread over the model's context, `router_records`) or
-            ``"synthetic"`` (`synthetic_records`, a small set for quick runs).
+            process: the paper's five task labels at lengths spread over the model's context, from sources no
+            benchmark uses, `router_records`), ``"synthetic"`` (`synthetic_records`, a small set for quick runs), or
+            the paper's mixture by name, ``LCM_group/qwen_mix_sft_64K6`` or ``LCM_group/llama_mix_sft_64K6`` (its
+            parquet files under ``data_dir``, else from the Hugging Face hub).
+        data_dir: folder holding the official mixture as ``<name>/*.parquet`` (e.g.
+            ``DATA/LCM_group/qwen_mix_sft_64K6/``); None: ``$ELASTIC_BENCH_DATA``.
         steps: optimizer steps.
         rows_per_step: packed rows per optimizer step, over all ranks (a multiple of the number of ranks); 24 as the
             official script's global batch (6 accumulation steps × 8 GPUs, sequence parallelism 2).
@@ -132,6 +148,7 @@ class RouterTrainConfig:
 
     model: str = "tiny:qwen3"
     data: str = "records"
+    data_dir: str | None = None
     steps: int = 300
     rows_per_step: int = 24
     pack_tokens: int = 65536
@@ -241,6 +258,7 @@ def _train(config: RouterTrainConfig, options: RunOptions, loaded: tuple[nn.Modu
 
     if loaded is not None and ranks.world_size > 1:
         raise ValueError("a preloaded model cannot be trained under torchrun; pass the model spec in the config")
+    source = locate(config.data, config.data_dir)  # before the model loads
     model, tokenizer = loaded or load_model(
         config.model, dtype=getattr(torch, config.dtype) if config.dtype else None, device=ranks.device(config.device)
     )
@@ -252,7 +270,9 @@ def _train(config: RouterTrainConfig, options: RunOptions, loaded: tuple[nn.Modu
     if config.gradient_checkpointing:
         enable_gradient_checkpointing(model)
 
-    categories, rows, eval_rows = _data(config, tokenizer, options.progress and ranks.is_main)
+    categories, rows, eval_rows, data, read = _data(config, tokenizer, options.progress and ranks.is_main, source)
+    if ranks.is_main:
+        print(read)
     layers, kv_heads, head_dim = model_layout(model)
     gen = torch.Generator().manual_seed(config.seed)
     bank = RouterConfig(
@@ -274,7 +294,7 @@ def _train(config: RouterTrainConfig, options: RunOptions, loaded: tuple[nn.Modu
     if ranks.world_size > 1:
         shard(loss_model, model, device)
     objective = RouterObjective(config, options.output, bank, lambdas, loss_model, rows, categories,
-                                (layers, kv_heads), device, ranks)
+                                (layers, kv_heads), device, ranks, data)
     with apply(method, model, backend=backend) as handle:
         objective.handle = handle
         run = fit(objective, options, config.steps, fingerprint(config.to_dict()), ranks, desc="train-router")
@@ -310,14 +330,16 @@ class RouterObjective(Objective):
         layout: (layers, KV heads) of the backbone.
         device: the backbone's device.
         ranks: this process among the ranks.
+        data: the ``data`` block of the routers' provenance (`elastic_bench.method.data.data_provenance_of`).
 
     ``handle`` (the `elastic_bench.modeling.attention.apply` handle of the `Elastic` method) is set before `fit` runs.
     """
 
     def __init__(self, config: RouterTrainConfig, output: str, bank: RouterBank, lambdas: LagrangeMultipliers,
                  loss_model: LossModel, rows: list[PackedRow], categories: list[str], layout: tuple[int, int],
-                 device: torch.device, ranks: Ranks):
+                 device: torch.device, ranks: Ranks, data: dict[str, Any]):
         self.config, self.output, self.bank, self.lambdas, self.loss_model = config, output, bank, lambdas, loss_model
+        self.data = data
         self.categories, self.layers, self.device, self.ranks = categories, layout[0], device, ranks
         self.modules = {"routers": bank, "lambdas": lambdas}
         self.optimizer = torch.optim.AdamW(
@@ -397,7 +419,8 @@ class RouterObjective(Objective):
 
     def export(self, step: int, final: dict[str, float] | None = None, replica_diff: float | None = None) -> None:
         """Write ``router.safetensors`` + ``router_config.json`` with the training record (configuration, steps done,
-        λ, provenance; the final hard ΩMSR and the replicas' largest difference when given)."""
+        λ, the data's provenance, `elastic_bench.training.provenance`; the final hard ΩMSR and the replicas' largest
+        difference when given; versions, device and date)."""
         from elastic_bench.results.provenance import provenance
 
         self.bank.config.training = {
@@ -407,6 +430,7 @@ class RouterObjective(Objective):
             **self.lambdas.table(self.categories),
             **({"final_omega_msr": final} if final is not None else {}),
             **({"replica_max_abs_diff": replica_diff} if replica_diff is not None else {}),
+            "provenance": learned_provenance(self.data, step, self.batches.tokens_seen(step)),
             **provenance(next(self.bank.parameters()).device),
         }
         save_routers(self.bank, self.output)
@@ -421,6 +445,11 @@ class RowBatches(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return self.config.steps
+
+    def tokens_seen(self, steps: int) -> int:
+        """The tokens of the rows of the first ``steps`` steps, over all ranks (in `_row_index`'s order)."""
+        return epoch_tokens([len(row.input_ids) for row in self.rows], steps * self.config.rows_per_step,
+                            lambda epoch: _row_order(len(self.rows), self.config.seed, epoch))
 
     def __getitem__(self, step: int) -> list[tuple[PackedRow, torch.Tensor]]:
         config, (layers, kv_heads) = self.config, self.layout
@@ -490,25 +519,41 @@ def evaluate_routing(handle, loss_model: LossModel, rows: list[PackedRow], categ
 # ---- data ----------------------------------------------------------------------------------------------------------
 
 
-def _data(config: RouterTrainConfig, tokenizer, progress: bool) -> tuple[list[str], list[PackedRow], list[PackedRow]]:
-    if config.data in ("records", "synthetic"):
-        records = (model_records(config, tokenizer, progress) if config.data == "records" else
-                   synthetic_records(config.synthetic_samples, config.synthetic_length, config.seed))
-        examples = [to_example(r) for r in records]
+def _data(config: RouterTrainConfig, tokenizer, progress: bool, source: tuple[str, Path | None]
+          ) -> tuple[list[str], list[PackedRow], list[PackedRow], dict[str, Any], str]:
+    """The categories, the packed training rows and the rows of the final evaluation of the data that ``source``
+    names (`elastic_bench.method.data.locate`), the data block of its provenance and a line saying what was read."""
+    kind, path = source
+    if kind == "records":
+        records = model_records(config, tokenizer, progress)
+    elif kind == "synthetic":
+        records = synthetic_records(config.synthetic_samples, config.synthetic_length, config.seed)
     else:
-        examples = load_examples(config.data, config.targets)
+        records = read_data(kind, path)
+    examples = [to_example(r, f"{config.data} record {i + 1}") for i, r in enumerate(records)]
     categories = check_categories(examples, config.targets)
     max_tokens = config.max_tokens or config.pack_tokens
     drop = config.length_rule == "drop"
-    samples = tokenize_examples(examples, tokenizer, categories, max_tokens, progress, truncate=not drop)
-    if drop:
-        samples = in_range(samples, config.min_tokens, max_tokens, categories)
+    tokenized = tokenize_examples(examples, tokenizer, categories, max_tokens, progress, truncate=not drop)
+    samples = in_range(tokenized, config.min_tokens, max_tokens, categories) if drop else tokenized
+    kept = {id(s) for s in samples}
+    trained = [r for r, s in zip(records, tokenized) if id(s) in kept]
+    data = data_provenance_of(kind, path, trained, [len(s.input_ids) for s in samples])
     rows = pack(samples, config.pack_tokens, config.loss_tokens)
     picked: list = []
     for index in range(len(categories)):
         picked += spread([s for s in samples if s.category == index], config.eval_samples)
     prompts = [dataclasses.replace(s, input_ids=s.input_ids[: s.prompt_len]) for s in picked]
-    return categories, rows, pack(prompts, config.pack_tokens, config.loss_tokens)
+    tasks = Counter(record_task(r)[0] for r in trained)
+    where = f"{kind} ({path})" if path is not None else kind
+    read = (f"train-router data: {where}: {len(records)} records read, {len(samples)} kept "
+            f"({sum(len(s.input_ids) for s in samples):,} tokens, {data['lengths'][0]}-{data['lengths'][1]} each); "
+            + ", ".join(f"{task} {count}" for task, count in tasks.items()))
+    unknown = sum(not r.get("identities") for r in trained)
+    if unknown and not kind.startswith("official:"):
+        read += (f"; {unknown} records name no identities (hand-made or official-format records): the held-out rule "
+                 "of run cannot check them")
+    return categories, rows, pack(prompts, config.pack_tokens, config.loss_tokens), data, read
 
 
 def spread(items: list, count: int) -> list:
@@ -530,11 +575,14 @@ def model_records(config: RouterTrainConfig, tokenizer, progress: bool) -> list[
 
 
 def _row_index(step: int, slot: int, num_rows: int, config: RouterTrainConfig) -> int:
-    """Row of the ``slot``-th position of ``step`` in a stream of seeded per-epoch permutations."""
-    position = step * config.rows_per_step + slot
-    epoch, offset = divmod(position, num_rows)
-    order = torch.randperm(num_rows, generator=torch.Generator().manual_seed(config.seed * 7919 + epoch))
-    return int(order[offset])
+    """Row of the ``slot``-th position of ``step`` in a stream of seeded per-epoch permutations (`_row_order`)."""
+    epoch, offset = divmod(step * config.rows_per_step + slot, num_rows)
+    return int(_row_order(num_rows, config.seed, epoch)[offset])
+
+
+def _row_order(num_rows: int, seed: int, epoch: int) -> torch.Tensor:
+    """The rows' permutation in epoch ``epoch``."""
+    return torch.randperm(num_rows, generator=torch.Generator().manual_seed(seed * 7919 + epoch))
 
 
 def _noise_generator(seed: int, step: int, slot: int) -> torch.Generator:

@@ -45,10 +45,18 @@ class Task:
     Attributes:
         sources: the corpus files `samples` reads (`elastic_bench.tasks.corpora.Source`: where under the data
             directory, what hub fallback); empty for a task generated offline. ``elastic-bench tasks`` lists them.
+        identities: what the task's questions and answers come from, as strings shared by everything drawn from the
+            same source: ``generator:<family>.<name>`` for a generator (``generator:ruler.niah``), ``dataset:<name>``
+            for a dataset whose records give its questions, answers or documents (``dataset:hotpotqa``, the same for
+            LongBench's hotpotqa and RULER's qa_2). Text that only pads a haystack (RULER's essays, the testbed's
+            noise) is not one. A router or gate file trained on data of one of these identities is
+            *in-distribution* for the task (`elastic_bench.training.provenance`): ``run`` refuses to score it
+            without ``--allow-in-distribution``.
     """
 
     name: str = ""
     sources: tuple[Source, ...] = ()
+    identities: frozenset[str] = frozenset()
 
     def __init__(self, data_dir: str | None = None):
         self.data_dir = data_dir

@@ -192,6 +192,7 @@ def _register_all() -> None:
         for dataset in names:
             stem = f"{dataset}_e" if extended else dataset
             attrs = {"dataset": dataset, "extended": extended, "stem": stem, "sources": (data_source(stem),),
+                     "identities": frozenset({f"dataset:{dataset}"}),  # LongBench-E: the same dataset as v1's
                      "__doc__": f"LongBench{'-E' if extended else ''} {dataset} (official prompt, truncation and "
                      "metric)."}
             register(f"{group}_{dataset}", group=group)(type(f"LongBench_{group}_{dataset}", (LongBench,), attrs))

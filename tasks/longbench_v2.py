@@ -87,6 +87,7 @@ class LongBenchV2(Task):
 
     cot = False
     sources = (DATA,)
+    identities = frozenset({"dataset:longbench_v2"})
 
     def __init__(self, data_dir=None, max_len: int = MAX_LEN, skip_failed: bool = False, compensated: bool = False):
         super().__init__(data_dir)

@@ -117,6 +117,12 @@ class Ruler(Task):
         """The corpus files the generator reads with the arguments ``args`` (`Task.sources`); none by default."""
         return ()
 
+    @classmethod
+    def identities_for(cls, args: dict) -> frozenset[str]:
+        """What the generator's questions and answers come from with the arguments ``args`` (`Task.identities`):
+        ``generator:ruler.<generator>`` (the essay haystack of some niah configurations only pads)."""
+        return frozenset({f"generator:ruler.{cls.generator}"})
+
     def prepare(self, tokenizer, length: int, seed: int) -> None:
         """Load what every sample of a (tokenizer, length, seed) needs; `samples` calls it before `build`."""
 
@@ -442,6 +448,12 @@ class QA(Ruler):
     def sources_for(cls, args):
         return (ruler_data.source(args["dataset"]),)
 
+    @classmethod
+    def identities_for(cls, args):
+        """The generator and the dataset its questions and documents come from (``dataset:squad``,
+        ``dataset:hotpotqa``)."""
+        return super().identities_for(args) | {f"dataset:{args['dataset']}"}
+
     def prepare(self, tokenizer, length, seed):
         self._questions, self._docs = ruler_data.qa_dataset(self.args["dataset"], self.data_dir)
 
@@ -491,7 +503,7 @@ def _register_all() -> None:
     for name, config in official_configs().items():
         base = GENERATORS[config["task"]]
         attrs = {"args": config["args"], "sources": base.sources_for(config["args"]),
-                 "__doc__": f"RULER {name}: {base.__doc__}"}
+                 "identities": base.identities_for(config["args"]), "__doc__": f"RULER {name}: {base.__doc__}"}
         cls = type(f"Ruler_{name}", (base,), attrs)
         register(f"ruler_{name}", group="ruler")(cls)
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from elastic_bench import apply, get_method
-from elastic_bench.baselines.gates import binarize
+from elastic_bench.baselines.gates import binarize, gate_provenance
 from elastic_bench.baselines.training.base import fit_to_model, fit_window
 from elastic_bench.baselines.training.duo import DuoTrainConfig, TwoWay, lr_factor, train_duo
 from elastic_bench.baselines.training.mixing import GatedHeads, GateRoute
@@ -211,6 +211,13 @@ def test_train_duo_moves_alpha_and_its_file_drives_duo_attention(tmp_path, tiny_
     np.testing.assert_allclose(saved, gates)
     settings = json.loads((tmp_path / "duo" / "config.json").read_text())
     assert settings["steps_done"] == 3 and settings["lr"] == 0.1 and settings["haystack_source"] == "generated"
+    # what the gates were trained on, as the held-out rule reads it: DuoAttention's passkey generator (the generated
+    # haystack only pads), 3 samples of 480-720 tokens
+    provenance = gate_provenance(tmp_path / "duo" / "full_attention_heads.tsv")
+    assert provenance == gate_provenance(tmp_path / "duo") == settings["provenance"]
+    assert provenance["data"]["identities"] == ["generator:duo.passkey"] and provenance["recipe"] == "custom"
+    assert provenance["steps"] == 3 and provenance["tokens_seen"] == sum(r["tokens"] for r in run.log)
+    assert provenance["data"]["source"] == "synthetic" and provenance["data"]["lengths"] == [480, 720]
 
     model, tokenizer = tiny_models["llama"]
     ids = tokenizer("a b c d e f g h " * 20, return_tensors="pt").input_ids
@@ -257,6 +264,10 @@ def test_train_prulong_moves_toward_its_target_and_exports_binary_masks(tmp_path
     assert sorted(masks.flatten().tolist()) == [0.0, 0.0, 1.0, 1.0]
     log_alpha = np.loadtxt(tmp_path / "pl" / "log_alpha.tsv", delimiter="\t")
     assert not np.allclose(log_alpha, 4.0, atol=0.05)  # the masks moved
+    provenance = gate_provenance(tmp_path / "pl")  # rows of the generated haystack, which is what they hold
+    assert provenance["data"]["identities"] == ["generator:testbed.noise"] and provenance["data"]["tasks"] == {
+        "text": None}
+    assert provenance["steps"] == 6 and provenance["tokens_seen"] == 6 * 2 * 720 and provenance["data"]["records"] == 12
     model, tokenizer = tiny_models["llama"]
     ids = tokenizer("a b c d e f g h " * 20, return_tensors="pt").input_ids
     with torch.no_grad(), apply(get_method("prulong", pattern=str(tmp_path / "pl"), local=16), model) as handle:
@@ -282,6 +293,9 @@ def test_records_replace_the_passkeys(tmp_path, tiny_models):
     assert sorted(tokenizer.decode(s.input_ids[s.answer_start:], skip_special_tokens=True) for s in batch) == [
         "answer 0", "answer 1", "answer 2"]  # one epoch visits every record once
     assert samples.settings() == {"records": str(records), "num_records": 3}
+    data = samples.data_provenance(steps=1)  # hand-made records name no identities: none to check
+    assert data["source"] == "file" and data["identities"] == [] and data["tasks"] == {"qa": "qa"}
+    assert data["records"] == 3 and samples.tokens_seen(2) == 2 * sum(len(s.input_ids) for s in batch)
     with pytest.raises(FileNotFoundError, match="--records"):
         PasskeyData(records=str(tmp_path / "missing.jsonl"))
 

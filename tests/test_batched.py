@@ -84,7 +84,8 @@ def test_a_batch_gives_every_sample_its_batch_1_results(testbed, name):
 
 def test_a_batched_run_records_batch_1s_predictions_and_times_its_prefills_alone(tmp_path):
     base = dict(model="testbed", methods=["full", "elastic"], tasks=["testbed_niah_single", "testbed_repeat"],
-                lengths=[640], limit=5, progress=False, device="cpu", method_options={"elastic": METHODS["elastic"]})
+                lengths=[640], limit=5, progress=False, device="cpu", method_options={"elastic": METHODS["elastic"]},
+                allow_in_distribution=True)  # the shipped router was trained on the testbed's tasks
     run(RunConfig(**base, output=str(tmp_path / "one")))
     run(RunConfig(**base, output=str(tmp_path / "four"), batch_size=4, timed_samples=1))
     msr = set()
@@ -201,7 +202,8 @@ def test_decode_graphs_replay_over_later_batches_on_the_gpu(name):
 @pytest.mark.gpu
 def test_a_batched_run_with_decode_graphs_gives_batch_1s_predictions_on_the_gpu(tmp_path):
     base = dict(model="testbed", methods=["full", "elastic"], tasks=["testbed_niah_single", "testbed_repeat"],
-                lengths=[640], limit=6, progress=False, dtype="float32", method_options={"elastic": METHODS["elastic"]})
+                lengths=[640], limit=6, progress=False, dtype="float32", method_options={"elastic": METHODS["elastic"]},
+                allow_in_distribution=True)  # the shipped router was trained on the testbed's tasks
     run(RunConfig(**base, output=str(tmp_path / "one")))
     run(RunConfig(**base, output=str(tmp_path / "four"), batch_size=4, timed_samples=1, decode_graphs=True))
     for method in ("full", "elastic-sink=16-local=256-sparse_decode=True"):

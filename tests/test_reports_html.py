@@ -123,7 +123,7 @@ def runs(tmp_path_factory):
     second run), tiny Llama under full + streaming, tiny Qwen3 under full."""
     root = tmp_path_factory.mktemp("runs")
     commands = {
-        "testbed": [*TESTBED, "--methods", "full,elastic"],
+        "testbed": [*TESTBED, "--methods", "full,elastic", "--allow-in-distribution"],  # the router's own tasks
         "llama": ["--model", "tiny:llama", *TINY, "--methods", "full,streaming", "-O", "streaming.local=64"],
         "qwen3": ["--model", "tiny:qwen3", *TINY, "--methods", "full"],
     }

@@ -1,6 +1,7 @@
 """Router training records made by the project (`elastic_bench.training.make_records`, ``elastic-bench records``):
-both categories at the requested lengths with the tiny Llama's and the testbed's tokenizers, labels drawn from the
-text, one file per seed, a corpus as the text, user errors before the tokenizer loads, and `train-router` on them."""
+both categories at the requested lengths with the tiny Llama's and the testbed's tokenizers for every task, labels
+drawn from the text, one file per seed, a corpus as the text, user errors before the tokenizer loads, and
+`train-router` on the default records, which no benchmark's held-out rule refuses."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from elastic_bench.method.router_records import RecordsConfig, write_router_reco
 from elastic_bench.method.trainer import RouterTrainConfig, train
 from elastic_bench.modeling.loading import load_model
 from elastic_bench.training.engine import RunOptions, tokenize
-from elastic_bench.training.make_records import CATEGORIES, default_lengths, task_names
-from elastic_bench.training.records import read_records
+from elastic_bench.training.labelled_tasks import ICL_RECENT, stdlib_lines
+from elastic_bench.training.make_records import CATEGORIES, DEFAULT_TASKS, default_lengths, task_names
+from elastic_bench.training.records import PAPER_LABELS, read_records
 
 LENGTHS = [1024, 2048]
 SENSITIVE = [name for name, category in task_names().items() if category == "sensitive"]
@@ -30,15 +32,15 @@ SENSITIVE = [name for name, category in task_names().items() if category == "sen
 
 @pytest.fixture(scope="module")
 def records_of(tmp_path_factory):
-    """``records_of(model)``: the path of the records written for ``model`` at `LENGTHS`, as many per category and
-    length as there are sensitive tasks (each once), written once per module."""
+    """``records_of(model)``: the path of the records of every task written for ``model`` at `LENGTHS`, as many per
+    category and length as there are sensitive tasks (each once), written once per module."""
     written = {}
 
     def write(model: str):
         if model not in written:
             path = tmp_path_factory.mktemp("records") / "records.jsonl"
             config = RecordsConfig(model=model, output=str(path), lengths=LENGTHS, samples=len(SENSITIVE),
-                                   progress=False)
+                                   tasks=list(task_names()), progress=False)
             assert write_router_records(config) == len(LENGTHS) * len(CATEGORIES) * len(SENSITIVE)
             written[model] = path
         return written[model]
@@ -64,24 +66,35 @@ def test_both_categories_at_the_requested_lengths(model, records_of):
         (category, length): len(SENSITIVE) for category in CATEGORIES for length in LENGTHS}
     assert {r["task"] for r in records} == set(task_names())
     assert all(task_names()[r["task"]] == r["category"] for r in records)
+    assert all(r["identities"] and r["label"] in (None, *PAPER_LABELS) for r in records)
 
 
 def test_labels_come_from_the_text(records_of):
-    """Needle answers are in the prompt; a repeat copies the context's end; a summary is the last paragraph's lead."""
+    """Needle answers and facts are in the prompt; a repeat copies the context's end; a summary is the last
+    paragraph's lead; code continues the standard library's lines; an example near the end carries the asked tag."""
     checked = Counter()
+    code = "\n".join(stdlib_lines())
     for record in read_records(records_of("tiny:llama")):
         task, prompt, answer = record["task"], record["prompt"], record["answer"]
-        if task == "repeat":
-            assert _context(prompt).endswith(answer)
+        if task == "repeat":  # the sentences, joined by a space also across a paragraph's end
+            assert " ".join(_context(prompt).split()).endswith(answer)
         elif task == "summary":
             assert _context(prompt).split("\n\n")[-1].startswith(answer)
         elif task in ("passkey", "recent_needle") or task.startswith("ruler_niah"):
             values = re.split(r" (?:is|are):? ", answer)[-1].rstrip(".").split(", ")
             assert all(value in prompt for value in values), task
+        elif task in ("single_qa", "multihop_qa"):  # the fact, and for a chain both of its sentences
+            assert all(sentence + "." in prompt for sentence in answer.rstrip(".").split(". ")), task
+        elif task == "code":
+            lines = prompt.split("```python\n")[1].removesuffix("\n```").splitlines()
+            assert "\n".join(lines[-3:]) in code and answer.strip() and answer in code
+        elif task == "icl":
+            assert f"Tag: {answer}" in "\n\n".join(prompt.split("\n\n")[-ICL_RECENT - 1:])
         else:
             continue
         checked[task] += 1
-    assert set(checked) == {"repeat", "summary", "passkey", "recent_needle", *(n for n in SENSITIVE if "niah" in n)}
+    assert set(checked) == {"repeat", "summary", "passkey", "recent_needle", "single_qa", "multihop_qa", "code", "icl",
+                            *(n for n in SENSITIVE if "niah" in n)}
 
 
 def test_a_seed_writes_the_same_file_and_another_seed_another(tmp_path):
@@ -166,12 +179,34 @@ def test_default_lengths_spread_over_the_context():
     assert default_lengths(512) == [512]
 
 
-def test_train_router_on_the_records(records_of, tmp_path):
-    """A few steps on the tiny Llama's records (the 2K ones middle-truncated to the 1K rows) write a router."""
-    config = RouterTrainConfig(model="tiny:llama", data=str(records_of("tiny:llama")), steps=2, rows_per_step=1,
-                               pack_tokens=1024, eval_samples=1, device="cpu",
-                               attention=ModeConfig(sink=4, local=32, granularity="token"))
+def test_train_router_on_the_default_records_which_no_benchmark_refuses(tmp_path):
+    """The default records hold the paper's five labels; a few steps on them write a router whose provenance names
+    them, and the held-out rule lets it score every registered benchmark task."""
+    from elastic_bench import get_method
+    from elastic_bench import tasks as registry
+    from elastic_bench.evaluation.held_out import artifact_provenance, in_distribution, refuse_in_distribution
+    from elastic_bench.method.checkpoint import read_provenance
+
+    path = tmp_path / "records.jsonl"
+    write_router_records(RecordsConfig(model="tiny:llama", output=str(path), lengths=[1024], samples=3,
+                                       progress=False))
+    records = read_records(path)
+    assert {r["task"] for r in records} == set(DEFAULT_TASKS)
+    assert {r["label"]: r["category"] for r in records} == PAPER_LABELS
+    config = RouterTrainConfig(model="tiny:llama", data=str(path), steps=2, rows_per_step=1, pack_tokens=1024,
+                               eval_samples=1, device="cpu", attention=ModeConfig(sink=4, local=32,
+                                                                                   granularity="token"))
     result = train(config, RunOptions(output=str(tmp_path / "router"), progress=False),
                    loaded=load_model("tiny:llama", dtype=torch.float32, device="cpu"))
     assert len(result.log) == 2 and set(result.final_omega) == set(CATEGORIES)
     assert (tmp_path / "router" / "router.safetensors").is_file()
+    provenance = read_provenance(tmp_path / "router")
+    assert provenance["data"]["identities"] == sorted({i for r in records for i in r["identities"]})
+    assert provenance["data"]["tasks"] == {r["task"]: r["category"] for r in records}
+    assert provenance["data"]["records"] == len(records) and provenance["steps"] == 2
+    assert 0 < provenance["tokens_seen"] <= 2 * 1024  # two rows of at most 1,024 tokens
+    method = get_method("elastic", router=str(tmp_path / "router"))
+    learned = artifact_provenance(method, "")
+    benchmarks = {name: registry.REGISTRY.get(name).identities for name in registry.names()}
+    refuse_in_distribution(method, learned, benchmarks)  # raises nothing
+    assert all(in_distribution({"router": provenance}, ids) == [] for ids in benchmarks.values())

@@ -139,7 +139,8 @@ def test_router_records_are_family_labelled_and_tokenise_to_the_trained_prompt(v
     rows = list(records([1024], samples=2, seed=1))
     assert len(rows) == 2 * len(SPECS)
     assert {r["category"] for r in rows} == {"sensitive", "robust"}
-    assert all(set(r) == {"prompt", "answer", "category", "task"} for r in rows)
+    assert all(set(r) == {"prompt", "answer", "category", "task", "identities"} for r in rows)
+    assert all(r["identities"] == sorted(tasks.REGISTRY.get(r["task"]).identities) for r in rows)
     evaluation_prompts = {tuple(s.input_ids) for s in tasks.get("testbed_niah_single").samples(tokenizer, 1024, 2)}
     for row in rows:
         ids = tokenizer(row["prompt"]).input_ids

@@ -42,6 +42,21 @@ def test_reduced_demo_runs_every_method_on_the_testbed(tmp_path, capsys):
     assert metrics["full/testbed_niah_single"]["score"] == 100.0
     assert metrics["streaming/testbed_niah_single"]["omega_msr"] == 1.0
     assert metrics["streaming/testbed_niah_recent"]["score"] == 100.0
+    # the shipped router was trained on the testbed's own four generators, which the demo scores: allowed, and every
+    # elastic cell names what its router shares with the task (the terminal table marks it); full loads no file
+    from elastic_bench import tasks
+
+    for key, cell in metrics.items():
+        method, task = key.split("/")
+        assert cell["allow_in_distribution"] is True
+        if method == "elastic":
+            shared = sorted(tasks.REGISTRY.get(task).identities)
+            assert cell["in_distribution"] == [{"artifact": "router", "shared": shared}]
+            assert cell["artifact_provenance"]["router"]["data"]["records"] == 768
+        elif method in ("full", "streaming", "xattention"):
+            assert cell["in_distribution"] == [] and cell["artifact_provenance"] == {}
+    marked = [line.split()[-1] for line in printed.splitlines() if line.startswith("testbed  elastic ")]
+    assert marked == ["‡"] * 4
     # the demo renders its report: every method in the table, full on both frontiers (the best score at ΩESR 0)
     report = (output / "report" / "report.md").read_text()
     assert all(f"| {name}" in report for name in method_names())

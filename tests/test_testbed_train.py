@@ -179,6 +179,14 @@ def test_interrupted_and_resumed_training_equals_one_run_and_exports_a_loadable_
     assert set(record["evaluation"]["full"]["tasks"]) == {f"testbed_{n}" for n in SPECS}
     assert record["evaluation"]["streaming"]["geometry"] == {"sink": 16, "local": 256}
     assert record["evaluation"]["key_matching"]["selectivity"] < 0.5  # three steps learn no key matching
+    # what the model was trained on: the testbed generators, 3 steps of batch_tokens // length rows of length tokens
+    provenance, batches = record["provenance"], Batches(config, build())
+    lengths = [batches[step]["ids"].shape for step in range(3)]
+    assert provenance == resumed["provenance"] and provenance["steps"] == 3 and provenance["recipe"] == "custom"
+    assert provenance["tokens_seen"] == sum(rows * length for rows, length in lengths)
+    assert provenance["data"]["identities"] == sorted(f"generator:testbed.{name}" for name in SPECS)
+    assert provenance["data"]["tasks"] == {f"testbed_{name}": spec.category for name, spec in SPECS.items()}
+    assert provenance["data"]["records"] == sum(rows for rows, _ in lengths)
     model, tokenizer = load_model(str(tmp_path / "a"), dtype=torch.bfloat16, device="cpu")
     assert model.num_parameters() == record["parameters"] == 6_832_384
     assert (tmp_path / "a" / "model.safetensors").stat().st_size < 16 * 2**20

@@ -31,10 +31,11 @@ streaming head, so its memory is evicted too (``kv_cache="full"`` keeps every to
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import ClassVar, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 import numpy as np
 import torch
@@ -46,6 +47,7 @@ from elastic_bench.modeling.interface import AttentionCall, Method
 from elastic_bench.modeling.tensor_parallel import kv_heads
 
 GATES_FILE = "full_attention_heads.tsv"  # DuoAttention's name, inside a pattern folder
+SETTINGS_FILE = "config.json"  # what a gate trainer writes beside the gates: its settings and provenance
 PATTERNS_DIR = Path(__file__).resolve().parent.parent / "data" / "duo_attention_patterns"
 
 
@@ -69,6 +71,25 @@ def load_gates(path: str | Path) -> np.ndarray:
         raise ValueError(f"{path} holds a non-finite gate ({gates[layer, head]}) at layer {layer}, KV head {head}; "
                          "every gate must be a finite number")
     return gates
+
+
+def gate_provenance(path: str | Path) -> dict[str, Any] | None:
+    """What the gates at ``path`` (a ``full_attention_heads.tsv`` or a folder holding one) were trained on: the
+    ``provenance`` of the ``config.json`` a gate trainer writes beside them (`elastic_bench.training.provenance`),
+    checked; None for gates without one (an older trainer's, DuoAttention's released patterns, a hand-made file such
+    as the testbed's ablation ``head_gates.tsv``)."""
+    from elastic_bench.training.provenance import check_provenance
+
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    settings = folder / SETTINGS_FILE
+    if (path.is_file() and path.name != GATES_FILE) or not settings.is_file():
+        return None
+    try:
+        recorded = json.loads(settings.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{settings} is not valid JSON ({err}); it may be truncated or corrupt") from None
+    return check_provenance(recorded.get("provenance") if isinstance(recorded, dict) else None, str(settings))
 
 
 def binarize(gates: np.ndarray, sparsity: float | None, seed: int = 0) -> np.ndarray:
@@ -176,6 +197,10 @@ class HeadGates(Method):
     def artifacts(self, model_dir: str) -> dict[str, Path]:
         path = self.gate_file(model_dir)  # a folder's gate file only: its other files (a training state) do not count
         return {"pattern": path / GATES_FILE if path.is_dir() else path}
+
+    def provenance(self, name: str, path: Path) -> dict[str, Any] | None:
+        """The gate trainer's record beside the gate file (`gate_provenance`)."""
+        return gate_provenance(path)
 
     def setup(self, model: nn.Module) -> None:
         from elastic_bench.modeling.attention import attention_modules

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 
 from elastic_bench import tasks as task_registry
+from elastic_bench.evaluation.held_out import artifact_provenance, in_distribution, refuse_in_distribution
 from elastic_bench.evaluation.presets import applies, get_preset
 from elastic_bench.evaluation.presets import label as preset_label
 from elastic_bench.evaluation.terminal import summary_row
@@ -96,6 +97,8 @@ class RunConfig:
             missing under predictions) instead of computing the cell again.
         allow_extrapolation: run lengths beyond the positions the model was trained for (its
             max_position_embeddings); recorded in each cell.
+        allow_in_distribution: score a task with a router or gate file trained on data of the task's generator or
+            dataset (refused otherwise); recorded in each cell, whose in_distribution field names what they share.
         tp: tensor parallelism under torchrun: the model sharded over this many ranks by transformers' plan, each
             rank attending and planning its own heads; records equal a single process's. torchrun's processes are tp
             × dp: dp replicas share out the samples.
@@ -122,6 +125,7 @@ class RunConfig:
     progress: bool = True
     strict: bool = False
     allow_extrapolation: bool = False
+    allow_in_distribution: bool = False
     tp: int = 1
     device_map: Literal["auto"] | None = None
 
@@ -199,6 +203,7 @@ class _Session:
     stop_ids: set[int]  # the model's and tokenizer's end-of-sequence ids
     ranks: Ranks
     originals: dict[str, str]  # the run's copy of each learned file → the file it copies (`_held`), for messages
+    provenance: dict[str, dict[str, Any]]  # method label → option → what its learned file was trained on (held_out)
     batch_sizes: dict[int, int] = field(default_factory=dict)  # length → the batch `auto` found (or backed off to)
 
 
@@ -255,6 +260,11 @@ def _run(config: RunConfig, held: Path) -> list[dict[str, Any]]:
     if longest > source.positions and not config.allow_extrapolation:
         raise ValueError(f"length {longest} exceeds the {source.positions} positions {config.model} was trained for; "
                          "pass --allow-extrapolation to run it anyway")
+    learned = {config.label(m): artifact_provenance(m, source.path) for m in built}
+    if not config.allow_in_distribution:  # a learned file is not scored on what it was trained on
+        drawn_on = {name: task_registry.REGISTRY.get(name).identities for name in task_names}
+        for m in built:
+            refuse_in_distribution(m, learned[config.label(m)], drawn_on)
     kept = [_held(m, source, held / str(i)) for i, m in enumerate(built)]  # (the method loading the copies, digests)
     running = {config.label(m): method for m, (method, _, _) in zip(built, kept)}
     originals = {copy: path for _, _, copies in kept for copy, path in copies.items()}
@@ -289,8 +299,9 @@ def _run(config: RunConfig, held: Path) -> list[dict[str, Any]]:
         dtype = getattr(torch, config.dtype) if config.dtype else None
         model, tokenizer = load_model(source, dtype=dtype, device=ranks.device(config.device), tp=config.tp,
                                       device_map=config.device_map)
+        provenance = {label: {name: found for name, (_, found) in files.items()} for label, files in learned.items()}
         session = _Session(config, model, tokenizer, model_context(model.config), stop_ids(model, tokenizer),
-                           ranks, originals)
+                           ranks, originals, provenance)
         rows = []
         overall = tqdm(total=len(task_names) * len(config.lengths) * len(built), unit="cell", position=0,
                        disable=not (config.progress and ranks.is_main), file=sys.stderr)
@@ -399,10 +410,13 @@ def _check_placement_options(config: RunConfig) -> None:
 
 def _cell_config(inputs: _CellInputs, n: int) -> dict[str, Any]:
     """What a cell's config.json and metrics.json record of its configuration, with ``n`` samples; the model's context
-    length and rope parameters are recorded beside the fingerprint, not in it."""
+    length and rope parameters, and what its learned files were trained on (`held_out`: ``artifact_provenance``,
+    ``in_distribution``, ``allow_in_distribution``), are recorded beside the fingerprint, not in it: they change no
+    prediction (a router's provenance is in its file, which the fingerprint knows by its digest)."""
     from elastic_bench.results.provenance import provenance
 
     config, fingerprint = inputs.session.config, inputs.fingerprint
+    learned = inputs.session.provenance[inputs.cell.method]
     return {
         **{k: fingerprint[k] for k in ("model", "method_options", "seed", "limit", "dtype")},
         "preset": fingerprint.get("preset"),
@@ -416,6 +430,9 @@ def _cell_config(inputs: _CellInputs, n: int) -> dict[str, Any]:
         "batch_size": config.batch_size,
         "timed_samples": config.timed_samples,
         "allow_extrapolation": config.allow_extrapolation,
+        "artifact_provenance": learned,
+        "in_distribution": in_distribution(learned, inputs.task.identities),
+        "allow_in_distribution": config.allow_in_distribution,
         "model_context": inputs.session.context,
         "fingerprint": fingerprint,
         **provenance(config.device),

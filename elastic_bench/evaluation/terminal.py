@@ -13,13 +13,17 @@ from typing import Any
 
 from elastic_bench.results.store import ALLOWED, IN_DISTRIBUTION, Cell, in_distribution_mark
 
+UNKNOWN = "?"  # the mark of a cell whose method loaded a learned file that records no provenance
+
 
 def summary_row(cell: Cell) -> dict[str, Any]:
     """One line of the run summary for ``cell``; ``device`` (where it ran) is kept for `format_rows`' CPU caveat and
     not shown as a column; ``in_distribution`` is the cell's mark (``†``, ``‡`` where the run was
-    told to score it, "" for a held-out cell: `elastic_bench.results.store.in_distribution_mark`)."""
+    told to score it: `elastic_bench.results.store.in_distribution_mark`; ``?`` where a learned file records no
+    provenance; "" for a held-out cell)."""
     metrics = cell.metrics() or {}
-    marked = in_distribution_mark(metrics.get("in_distribution"), metrics.get("allow_in_distribution") is True)
+    marked = in_distribution_mark(metrics.get("in_distribution"), metrics.get("allow_in_distribution") is True) or (
+        UNKNOWN if None in (metrics.get("artifact_provenance") or {}).values() else "")
     return {
         "model": cell.model,
         "method": cell.method,
@@ -43,7 +47,8 @@ LEGEND = ("score: the task's score (0-100); ΩMSR: share of (layer, KV head) pai
           "summary gives means over a method's complete cells, and the median of their prefill_ms.")
 IN_DISTRIBUTION_LEGEND = (f"in-dist: {IN_DISTRIBUTION} a learned file of the method was trained on the task's "
                           f"generator or dataset; {ALLOWED} the same, scored because the run was given "
-                          "--allow-in-distribution.")
+                          f"--allow-in-distribution; {UNKNOWN} a learned file records no provenance (what it "
+                          "was trained on is unknown).")
 CPU_CAVEAT = ("prefill_ms was measured on the CPU, where sparse methods do not run the GPU kernels: it says nothing of "
               "their speedups.")
 

@@ -119,6 +119,11 @@ class Method:
         for a built-in model), by option name: a run identifies its results by their contents. None by default."""
         return {}
 
+    def provenance(self, name: str, path: Path) -> dict[str, Any] | None:
+        """What the learned file ``path`` (the artifact ``name`` of `artifacts`) was trained on, as its trainer recorded
+        it (`elastic_bench.training.provenance`); None when it records nothing (unknown provenance), the default."""
+        return None
+
     def hold(self, name: str, path: Path, folder: Path) -> Path:
         """Put into the private ``folder`` what `setup` loads from the learned file or folder ``path`` (the artifact
         ``name`` of `artifacts`) and return what the run's copy of the method loads instead, by default a copy of

@@ -56,6 +56,12 @@ class TaskSpec:
     recent: bool = False
     followups: bool = False
 
+    @property
+    def identities(self) -> frozenset[str]:
+        """The task's generator, ``generator:testbed.<name>`` (`elastic_bench.tasks.Task.identities`): what the
+        registered task, ``testbed data`` records and ``testbed train`` batches of it share."""
+        return frozenset({f"generator:testbed.{self.name}"})
+
 
 SPECS: dict[str, TaskSpec] = {
     spec.name: spec

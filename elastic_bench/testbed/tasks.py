@@ -51,7 +51,8 @@ class TestbedTask(Task):
 for _spec in SPECS.values():
     _name = f"testbed_{_spec.name}"
     register(_name, group="testbed")(
-        type(f"Testbed_{_spec.name}", (TestbedTask,), {"spec": _spec, "__doc__": f"Testbed {_spec.category} task "
-                                                        f"{_spec.name!r} (elastic_bench.testbed.generators)."})
+        type(f"Testbed_{_spec.name}", (TestbedTask,), {"spec": _spec, "identities": _spec.identities,
+                                                        "__doc__": f"Testbed {_spec.category} task {_spec.name!r} "
+                                                        "(elastic_bench.testbed.generators)."})
     )
     GROUPS.setdefault(f"testbed_{_spec.category}", []).append(_name)

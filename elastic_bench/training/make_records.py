@@ -2,74 +2,74 @@
 ``sensitive``) and prompts that a local window serves (category ``robust``), at lengths measured with the model's own
 tokenizer. ``elastic-bench records`` (`elastic_bench.method.router_records`) writes them for a model; ``train-router
 --data`` trains the router on them (targets: ΩMSR 0.7 and 1.0, `elastic_bench.method.data.DEFAULT_TARGETS`), and
-``train-duo`` / ``train-prulong --records`` read them too. docs/records.md says why each task is in its category.
+``train-duo`` / ``train-prulong --records`` read them too. docs/records.md says why each task is in its category and
+why the default ones share no source with a benchmark.
 
-Tasks:
+Tasks (`task_names`; each with its category, the paper's label where one fits, and its identities):
 
-- ``sensitive``: the answer rests on a few tokens anywhere in a long context, or on all of it; a head that keeps only
-  the sink and a local window drops them, so these prompts need full heads.
-  - ``ruler_niah_*``: RULER's eight needle-in-a-haystack configurations (one or four keys, values or queries; noise,
-    text or distractor-needle haystacks); ``ruler_vt``: variable tracking, a chain of assignments spread over the
-    context and followed hop by hop (multi-hop); ``ruler_cwe`` / ``ruler_fwe``: the most frequent words of the whole
-    context (aggregation). Built by RULER's own generators (`elastic_bench.tasks.ruler`), the essay haystack drawn
-    from the text below; RULER's qa tasks are left out (they need downloaded SQuAD / HotpotQA).
-  - ``passkey``: DuoAttention's multi-passkey retrieval (its gate-training data) as a question: four passkeys of
-    eight words at depths 5-95 % of the text, numbered in order, one of them asked for. Its own phrasing:
-    `elastic_bench.baselines.training.passkeys` rebuilds upstream's token-level samples (a raw ``<|im_start|>``
-    document, upstream's spelling) for the gate trainers, and the training side may not import the baselines.
-- ``robust``: the answer rests on the instruction (at the start, which the sink keeps) and the last few hundred
-  tokens; a streaming head serves these prompts.
-  - ``continuation``: continue the text; the answer is its next one or two sentences.
-  - ``repeat``: repeat the text's last one to three sentences (copying from the recent context).
-  - ``summary``: summarise the last paragraph in one sentence; the answer is its first sentence (its lead, the
-    classic extractive summary).
-  - ``recent_needle``: four needles in the testbed's phrasing, the one asked for among the last eight sentences: a
-    retrieval prompt that a local window answers, so that the router learns where an answer lies rather than what a
-    retrieval prompt looks like.
+- The default set (`DEFAULT_TASKS`, `elastic_bench.training.labelled_tasks`): ``single_qa``, ``multihop_qa``
+  (sensitive), ``summary``, ``code``, ``icl`` (robust): the paper's five labels, from generated text, invented facts,
+  the Python standard library and invented tags, none of which a registered benchmark draws on.
+- Selectable by name (``--tasks``): tasks that share a benchmark's generator, so that a router trained on them is
+  in-distribution for it (`elastic_bench.training.provenance`):
+  - ``ruler_niah_*``: RULER's eight needle-in-a-haystack configurations; ``ruler_vt``: variable tracking (multi-hop);
+    ``ruler_cwe`` / ``ruler_fwe``: the most frequent words of the whole context. Built by RULER's own generators
+    (`elastic_bench.tasks.ruler`), the essay haystack drawn from the text below; RULER's qa tasks are left out (they
+    need downloaded SQuAD / HotpotQA).
+  - ``recent_needle`` (robust): four needles in the testbed's phrasing, the one asked for among the last eight
+    sentences: a retrieval prompt that a local window answers.
+- Also selectable: ``passkey`` (sensitive): DuoAttention's multi-passkey retrieval (its gate-training data, which
+  ``train-duo`` shares) as a question: four passkeys of eight words at depths 5-95 % of the text, numbered in order,
+  one of them asked for (its own phrasing: `elastic_bench.baselines.training.passkeys` rebuilds upstream's
+  token-level samples for the gate trainers, and the training side may not import the baselines);
+  ``continuation`` / ``repeat`` (robust): the text's next one or two sentences, or its last one to three again.
 
 Design decisions:
 
-- Text: a corpus (`CorpusText`: a ``.txt`` file or a folder of them) or, without one, generated text
-  (`GeneratedText`: paragraphs of the testbed's noise sentences, which every tokenizer spells). Each record reads
-  from its own place in the text.
+- Text: a corpus (`CorpusText`: a ``.txt`` file or a folder of them) or, without one, generated reports
+  (`GeneratedText`). Each record reads from its own place in the text.
 - Length: what a trainer feeds for the record (`record_tokens`: the prompt through the chat template, the answer,
-  EOS). A record holds the largest context (sentences, paragraphs or RULER's unit) that keeps it within the requested
-  length (`elastic_bench.tasks.ruler.largest_fitting`). A task whose smallest record is longer than a length is left
-  out at that length (RULER's vt and cwe carry a one-shot example of several hundred tokens); a length that none of
-  a category's tasks fits is an error.
-- Labels exist without a model: a needle's value, the text's own next or last sentences, a paragraph's lead; a RULER
-  answer is its answer prefix followed by its answers (joined as RULER's one-shot examples join them).
+  EOS). A record holds the largest context (sentences, paragraphs, code lines, examples or RULER's unit) that keeps
+  it within the requested length (`elastic_bench.tasks.ruler.largest_fitting`). A task whose smallest record is
+  longer than a length is left out at that length (RULER's vt and cwe carry a one-shot example of several hundred
+  tokens); a length that none of a category's tasks fits is an error.
+- Labels exist without a model: an inserted fact, the text's own next or last sentences, a paragraph's lead, the next
+  line of a module; a RULER answer is its answer prefix followed by its answers (joined as RULER's one-shot examples
+  join them).
 - Balance: at every length each category has the same number of records, which cycle over its tasks.
-- Seeds: a record is a pure function of (seed, task, length, index); RULER's generators get seeds derived from these,
-  never RULER's evaluation seed (42), so no record is an evaluation prompt.
+- Seeds: a record is a pure function of (seed, task, length, index), the tokenizer and (``code``) the interpreter's
+  standard library; RULER's generators get seeds derived from these, never RULER's evaluation seed (42), so no
+  record is an evaluation prompt.
 """
 
 from __future__ import annotations
 
-import hashlib
-import re
 import sys
 from collections.abc import Iterator, Sequence
 from itertools import islice
-from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 import numpy as np
 
 from elastic_bench import tasks as task_registry
 from elastic_bench.foundation.registry import did_you_mean
-from elastic_bench.tasks import ruler, ruler_data
+from elastic_bench.tasks import ruler
 from elastic_bench.testbed import text as testbed_text
+from elastic_bench.testbed.generators import SPECS as TESTBED_SPECS
 from elastic_bench.training.engine import tokenize
 from elastic_bench.training.records import Example
 
-Category = Literal["sensitive", "robust"]
-CATEGORIES: tuple[str, ...] = get_args(Category)
-PARAGRAPH_SENTENCES = 16  # a corpus paragraph longer than this is cut into pieces of at most this many sentences
+from .labelled_tasks import Code, FewShotTags, MultiHopQA, SingleQA
+from .record_text import CATEGORIES, RecordTask, Text, TextTask, insert, render, sentences, stream_seed, window
+
 RECENT_SENTENCES = 8  # recent_needle: the needle asked for sits among the context's last sentences
 PASSKEYS, PASSKEY_WORDS = 4, 8
 NEEDLES = 4  # recent_needle: the needle asked for and three distractors
 COUNTS = {1: "sentence", 2: "two sentences", 3: "three sentences"}
+DEFAULT_TASKS = ("single_qa", "multihop_qa", "summary", "code", "icl")
+"""What ``elastic-bench records`` writes by default: the paper's five labels, disjoint from every benchmark."""
+PASSKEY_GENERATOR = "generator:duo.passkey"  # DuoAttention's passkey retrieval: `passkey` and train-duo's data
+RULER_LABELS = {"niah": "Single QA", "variable_tracking": "MultiHop QA"}  # the paper label a RULER generator fits
 
 PASSKEY_NEEDLE = "Remember this sequence of words, it is passkey number {number} to the vault: {passkey}."
 PASSKEY_PROMPT = (
@@ -84,154 +84,15 @@ REPEAT_PROMPT = (
 )
 SUMMARY_PROMPT = "Read the following text.\n\n{context}\n\nSummarize the last paragraph of the text in one sentence."
 
-Window = list[tuple[str, bool]]
-"""Sentences of a text in order, each with whether its paragraph ends after it."""
-
-
-# ---- text ----------------------------------------------------------------------------------------------------------
-
-
-class GeneratedText:
-    """Generated paragraphs of 4 to 9 of the testbed's noise sentences ("The {noun} is {adjective}.", "The {noun}
-    {verb}.", `elastic_bench.testbed.text.sentence`): the text when no corpus is given."""
-
-    description = "generated text"
-
-    def paragraphs(self, place: int) -> Iterator[list[str]]:
-        """Endless paragraphs (lists of sentences), the same for the same ``place``."""
-        rng = np.random.default_rng(place)
-        while True:
-            yield [testbed_text.sentence(rng) for _ in range(int(rng.integers(4, 10)))]
-
-
-class CorpusText:
-    """A corpus: a ``.txt`` file or a folder of them (every one below it, in path order), read whole.
-
-    Its paragraphs are its blank-line-separated blocks (whitespace collapsed), split into sentences by nltk's punkt as
-    RULER splits its essays (`elastic_bench.tasks.ruler_data.sentence_splitter`: the model under
-    ``<data_dir>/nltk_data`` or in nltk's own paths) and cut into pieces of at most `PARAGRAPH_SENTENCES` sentences.
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist, the folder holds no ``.txt`` file, or punkt is missing.
-        ValueError: the files are not UTF-8 text, or hold no text.
-    """
-
-    def __init__(self, path: str | Path, data_dir: str | None = None):
-        path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(f"--corpus: no file or folder at {path}")
-        files = sorted(path.rglob("*.txt")) if path.is_dir() else [path]
-        if not files:
-            raise FileNotFoundError(f"--corpus: the folder {path} holds no .txt file")
-        blocks = []
-        for file in files:
-            try:
-                content = file.read_text(encoding="utf-8")
-            except UnicodeDecodeError:
-                raise ValueError(f"--corpus: {file} is not UTF-8 text") from None
-            blocks += [" ".join(block.split()) for block in re.split(r"\n\s*\n", content)]
-        self.blocks = [block for block in blocks if block]
-        if not self.blocks:
-            raise ValueError(f"--corpus: {path} holds no text")
-        self.description = f"the corpus {path}"
-        self._split = ruler_data.sentence_splitter(data_dir)
-        self._sentences: dict[int, list[str]] = {}
-
-    def paragraphs(self, place: int) -> Iterator[list[str]]:
-        """Endless paragraphs (lists of sentences) from block ``place`` (modulo the number of blocks) on; the corpus
-        wraps around."""
-        block = place % len(self.blocks)
-        while True:
-            if block not in self._sentences:
-                self._sentences[block] = self._split(self.blocks[block])
-            sentences = self._sentences[block]
-            for start in range(0, len(sentences), PARAGRAPH_SENTENCES):
-                yield sentences[start : start + PARAGRAPH_SENTENCES]
-            block = (block + 1) % len(self.blocks)
-
-
-Text = GeneratedText | CorpusText
-
-
-def _window(paragraphs: Sequence[list[str]]) -> Window:
-    return [(sentence, i == len(p) - 1) for p in paragraphs for i, sentence in enumerate(p)]
-
-
-def _sentences(text: Text, place: int, count: int) -> Window:
-    """The first ``count`` sentences of ``text`` from ``place`` (the last paragraph cut where the count ends)."""
-    paragraphs, total = [], 0
-    for paragraph in text.paragraphs(place):
-        if total >= count:
-            break
-        paragraphs.append(paragraph)
-        total += len(paragraph)
-    return _window(paragraphs)[:count]
-
-
-def _insert(window: Window, inserts: list[tuple[int, str]]) -> Window:
-    """``window`` with each ``(position, sentence)`` inserted before its sentence ``position`` (at the end for
-    ``len(window)``), in the paragraph of that sentence; inserts at one position keep their order."""
-    out = list(window)
-    for shift, (position, sentence) in enumerate(sorted(inserts, key=lambda item: item[0])):
-        out.insert(position + shift, (sentence, False))
-    return out
-
-
-def _render(window: Window) -> str:
-    """Sentences joined by a space within a paragraph and by a blank line between paragraphs."""
-    return "".join(sentence + ("\n\n" if end else " ") for sentence, end in window).strip()
-
-
-def _stream(*parts: Any) -> int:
-    """A 63-bit seed that is a pure function of ``parts``."""
-    return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:8], "little") >> 1
-
 
 # ---- tasks ---------------------------------------------------------------------------------------------------------
-
-
-class RecordTask:
-    """One kind of record: its name, its category and how a record of a given size is built.
-
-    Attributes:
-        name: the task's name (a record's ``task`` field).
-        category: ``"sensitive"`` or ``"robust"``.
-    """
-
-    name: str = ""
-    category: Category = "sensitive"
-
-    def prepare(self, tokenizer, length: int, seed: int) -> None:
-        """Load what every record of a (tokenizer, length, seed) needs; called before `build`."""
-
-    def min_units(self, index: int) -> int:
-        """The smallest size of record ``index``, in the task's unit."""
-        return 1
-
-    def build(self, units: int, index: int, seed: int, length: int) -> tuple[str, str]:
-        """Record ``index`` with a context of ``units``: ``(prompt, answer)``, a pure function of the arguments once
-        `prepare` has run."""
-        raise NotImplementedError
-
-
-class TextTask(RecordTask):
-    """A task over a text (its unit: sentences of that text, unless it says otherwise)."""
-
-    def __init__(self, text: Text):
-        self.text = text
-
-    @staticmethod
-    def _rng(seed: int, index: int) -> tuple[np.random.Generator, int]:
-        """Record ``index``'s random stream and its place in the text."""
-        rng = np.random.default_rng([seed, index])
-        return rng, int(rng.integers(1 << 62))
 
 
 class Passkey(TextTask):
     """DuoAttention's multi-passkey retrieval: `PASSKEYS` passkeys of `PASSKEY_WORDS` testbed nouns at depths drawn
     from 5-95 % of the text, numbered in text order; the question asks for one."""
 
-    name, category = "passkey", "sensitive"
+    name, category, label, generator = "passkey", "sensitive", "Single QA", PASSKEY_GENERATOR
 
     def build(self, units, index, seed, length):
         rng, place = self._rng(seed, index)
@@ -239,30 +100,30 @@ class Passkey(TextTask):
         passkeys = [" ".join(nouns[i] for i in rng.integers(len(nouns), size=PASSKEY_WORDS)) for _ in range(PASSKEYS)]
         depths = np.sort(rng.uniform(0.05, 0.95, PASSKEYS))
         asked = int(rng.integers(PASSKEYS))
-        window = _sentences(self.text, place, units)
-        needles = [(int(depth * len(window)), PASSKEY_NEEDLE.format(number=i + 1, passkey=passkey))
+        text = sentences(self.text, place, units)
+        needles = [(int(depth * len(text)), PASSKEY_NEEDLE.format(number=i + 1, passkey=passkey))
                    for i, (depth, passkey) in enumerate(zip(depths, passkeys))]
-        prompt = PASSKEY_PROMPT.format(context=_render(_insert(window, needles)), number=asked + 1)
+        prompt = PASSKEY_PROMPT.format(context=render(insert(text, needles)), number=asked + 1)
         return prompt, PASSKEY_ANSWER.format(number=asked + 1, passkey=passkeys[asked])
 
 
 class Continuation(TextTask):
     """Continue the text: the answer is its next one or two sentences."""
 
-    name, category = "continuation", "robust"
+    name, category, generator, answers_from_text = "continuation", "robust", "generator:records.continuation", True
 
     def build(self, units, index, seed, length):
         rng, place = self._rng(seed, index)
         count = int(rng.integers(1, 3))
-        window = _sentences(self.text, place, units + count)
-        answer = " ".join(sentence for sentence, _ in window[units:])
-        return CONTINUATION_PROMPT.format(context=_render(window[:units]), count=COUNTS[count]), answer
+        text = sentences(self.text, place, units + count)
+        answer = " ".join(sentence for sentence, _ in text[units:])
+        return CONTINUATION_PROMPT.format(context=render(text[:units]), count=COUNTS[count]), answer
 
 
 class Repeat(TextTask):
     """Repeat the text's last one to three sentences."""
 
-    name, category = "repeat", "robust"
+    name, category, generator, answers_from_text = "repeat", "robust", "generator:records.repeat", True
 
     def min_units(self, index):
         return max(COUNTS)
@@ -270,38 +131,45 @@ class Repeat(TextTask):
     def build(self, units, index, seed, length):
         rng, place = self._rng(seed, index)
         count = int(rng.integers(1, max(COUNTS) + 1))
-        window = _sentences(self.text, place, units)
-        answer = " ".join(sentence for sentence, _ in window[-count:])
-        return REPEAT_PROMPT.format(context=_render(window), count=COUNTS[count]), answer
+        text = sentences(self.text, place, units)
+        answer = " ".join(sentence for sentence, _ in text[-count:])
+        return REPEAT_PROMPT.format(context=render(text), count=COUNTS[count]), answer
 
 
 class Summary(TextTask):
-    """Summarise the last paragraph in one sentence: the answer is its first sentence (unit: paragraphs)."""
+    """Summarise the last paragraph in one sentence: the answer is its first sentence, its lead (unit:
+    paragraphs)."""
 
-    name, category = "summary", "robust"
+    name, category, label, generator = "summary", "robust", "Summarization", "generator:records.summary"
+    answers_from_text = True
 
     def build(self, units, index, seed, length):
         _, place = self._rng(seed, index)
         paragraphs = list(islice(self.text.paragraphs(place), units))
-        return SUMMARY_PROMPT.format(context=_render(_window(paragraphs))), paragraphs[-1][0]
+        return SUMMARY_PROMPT.format(context=render(window(paragraphs))), paragraphs[-1][0]
 
 
 class RecentNeedle(TextTask):
     """`NEEDLES` needles in the testbed's phrasing (pseudo-word keys, 7-digit values; `elastic_bench.testbed.text`),
-    the one asked for among the last `RECENT_SENTENCES` sentences, the others anywhere."""
+    the one asked for among the last `RECENT_SENTENCES` sentences, the others anywhere: the testbed's ``niah_recent``
+    generator, whose identity it has."""
 
     name, category = "recent_needle", "robust"
+
+    @property
+    def identities(self):
+        return TESTBED_SPECS["niah_recent"].identities
 
     def build(self, units, index, seed, length):
         rng, place = self._rng(seed, index)
         keys = [testbed_text.keys()[i] for i in rng.choice(len(testbed_text.keys()), NEEDLES, replace=False)]
         values = [int(v) for v in rng.integers(10**6, 10**7, size=NEEDLES)]
         recent, anywhere = rng.uniform(), rng.uniform(size=NEEDLES - 1)
-        window = _sentences(self.text, place, units)
-        size = len(window)
+        text = sentences(self.text, place, units)
+        size = len(text)
         positions = [size - int(recent * min(RECENT_SENTENCES, size)), *(int(f * size) for f in anywhere)]
         needles = [(p, testbed_text.NEEDLE.format(key=k, value=v)) for p, k, v in zip(positions, keys, values)]
-        prompt = (f"{testbed_text.RECENT_INSTRUCTION}\n\n{_render(_insert(window, needles))}\n\n"
+        prompt = (f"{testbed_text.RECENT_INSTRUCTION}\n\n{render(insert(text, needles))}\n\n"
                   f"{testbed_text.RECENT_QUESTION.format(key=keys[0])}")
         return prompt, f"{testbed_text.RECENT_PREFIX.format(key=keys[0])} {values[0]}."
 
@@ -318,20 +186,26 @@ class _TextNiah(ruler.Niah):
         """Nothing to load: the haystack is the text."""
 
     def build(self, units, index, seed, length):
-        self._place = _stream(seed, index)
+        self._place = stream_seed(seed, index)
         return super().build(units, index, seed, length)
 
     def essay_sentences(self, units):
-        return [sentence for sentence, _ in _sentences(self.text, self._place, units)]
+        return [sentence for sentence, _ in sentences(self.text, self._place, units)]
 
 
 class RulerTask(RecordTask):
-    """A RULER task as records: its user text is the prompt; its answer prefix followed by its answers, the answer."""
+    """A RULER task as records: its user text is the prompt; its answer prefix followed by its answers, the answer;
+    its identities are the RULER task's (`elastic_bench.tasks.ruler.Ruler.identities_for`)."""
 
     category = "sensitive"
 
     def __init__(self, task: ruler.Ruler):
         self.task, self.name = task, task.name
+        self.label = RULER_LABELS.get(task.generator)
+
+    @property
+    def identities(self):
+        return type(self.task).identities_for(self.task.args)
 
     def prepare(self, tokenizer, length, seed):
         self.task.prepare(tokenizer, length, seed)
@@ -349,16 +223,17 @@ class RulerTask(RecordTask):
 
 
 TEXT_TASKS: dict[str, type[TextTask]] = {
-    cls.name: cls for cls in (Passkey, Continuation, Repeat, Summary, RecentNeedle)
+    cls.name: cls for cls in (SingleQA, MultiHopQA, Passkey, Continuation, Repeat, Summary, RecentNeedle)
 }
+OWN_DATA_TASKS: dict[str, type[RecordTask]] = {cls.name: cls for cls in (Code, FewShotTags)}  # read no text
 
 
 def task_names() -> dict[str, str]:
     """Every record task's name → its category, the sensitive ones first: the RULER configurations but qa, then
-    `TEXT_TASKS`."""
+    `TEXT_TASKS` and `OWN_DATA_TASKS`."""
     configs = ruler.official_configs()
     names = {f"ruler_{name}": "sensitive" for name, config in configs.items() if config["task"] != "qa"}
-    names.update({name: cls.category for name, cls in TEXT_TASKS.items()})
+    names.update({name: cls.category for name, cls in {**TEXT_TASKS, **OWN_DATA_TASKS}.items()})
     return {name: names[name] for category in CATEGORIES for name in names if names[name] == category}
 
 
@@ -370,6 +245,8 @@ def make_task(name: str, text: Text, data_dir: str | None = None) -> RecordTask:
     """
     if name in TEXT_TASKS:
         return TEXT_TASKS[name](text)
+    if name in OWN_DATA_TASKS:
+        return OWN_DATA_TASKS[name]()
     if name not in task_names():
         raise did_you_mean("record task", name, list(task_names()))
     config = ruler.official_configs()[name.removeprefix("ruler_")]
@@ -400,8 +277,9 @@ def router_records(tokenizer, lengths: Sequence[int], samples: int, tasks: Seque
     """Records of ``tasks`` for ``tokenizer``: at each length, ``samples`` per category, interleaved; record ``i`` of
     a category of ``n`` tasks is record ``i // n`` of its task ``i % n``.
 
-    Each record is a plain record (`elastic_bench.training.records`) with ``task``, ``length`` (the requested one)
-    and ``tokens`` (its `record_tokens`, at most ``length``). A task whose smallest record is longer than a length is
+    Each record is a plain record (`elastic_bench.training.records`) with ``task``, its ``label`` and
+    ``identities`` (`RecordTask`), ``length`` (the requested one) and ``tokens`` (its `record_tokens`, at most
+    ``length``). A task whose smallest record is longer than a length is
     left out at that length (the other tasks of its category take its turns) and noted in ``left_out`` as ``(task,
     length, tokens of its smallest record)``.
 
@@ -413,7 +291,7 @@ def router_records(tokenizer, lengths: Sequence[int], samples: int, tasks: Seque
         for category in CATEGORIES:
             members, smallest = [], {}
             for task in (t for t in tasks if t.category == category):
-                task.prepare(tokenizer, length, _stream(seed, task.name, length))
+                task.prepare(tokenizer, length, stream_seed(seed, task.name, length))
                 smallest[task.name] = _build(task, tokenizer, task.min_units(0), 0, seed, length)[2]
                 if smallest[task.name] <= length:
                     members.append(task)
@@ -432,7 +310,7 @@ def router_records(tokenizer, lengths: Sequence[int], samples: int, tasks: Seque
 
 def _build(task: RecordTask, tokenizer, units: int, index: int, seed: int, length: int) -> tuple[str, str, int]:
     """``(prompt, answer, record_tokens)`` of record ``index`` of ``task`` with a context of ``units``."""
-    prompt, answer = task.build(units, index, _stream(seed, task.name, length), length)
+    prompt, answer = task.build(units, index, stream_seed(seed, task.name, length), length)
     return prompt, answer, record_tokens(tokenizer, prompt, answer)
 
 
@@ -452,5 +330,5 @@ def _record(task: RecordTask, tokenizer, length: int, seed: int, index: int, fit
     units = ruler.largest_fitting(fits, smallest, None, fitted.get(task.name, 2))
     fitted[task.name] = units
     prompt, answer, tokens = built[units]
-    return {"prompt": prompt, "answer": answer, "category": task.category, "task": task.name, "length": length,
-            "tokens": tokens}
+    return {"prompt": prompt, "answer": answer, "category": task.category, "task": task.name, "label": task.label,
+            "identities": sorted(task.identities), "length": length, "tokens": tokens}

@@ -9,6 +9,9 @@ Record formats (JSONL, one object per line, or parquet; a directory means all it
   wrapped as "You are given several news passages. Write a one-page summary of all news." … "\\n\\nSummary:", Code
   is prefixed with "Please complete the code given below.". The category is ``metadata["task"]``.
 
+The paper's released mixture in the official format (`OFFICIAL_MIXTURES`) is found by name (`official_mixture`): a
+local copy under the data directory, else the Hugging Face hub.
+
 Read by the router trainer (`elastic_bench.method.data`) and the gate trainers (`elastic_bench.baselines.training`).
 """
 
@@ -16,12 +19,29 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 SUMMARY_PREFIX = "You are given several news passages. Write a one-page summary of all news."
 CODE_PREFIX = "Please complete the code given below."
+
+PAPER_LABELS: dict[str, str] = {
+    "Single QA": "sensitive",
+    "MultiHop QA": "sensitive",
+    "Summarization": "robust",
+    "Code": "robust",
+    "In-Context Learning": "robust",
+}
+"""The five task labels of the paper's training mixture (§4.1; method.md §5) and their category."""
+
+OFFICIAL_MIXTURES = ("LCM_group/qwen_mix_sft_64K6", "LCM_group/llama_mix_sft_64K6")
+"""The paper's training mixture, one per tokenizer family, as ModelScope names them."""
+OFFICIAL_IDENTITIES = frozenset({"dataset:chatqa2_long_sft", "dataset:musique", "dataset:colt_132k",
+                                 "dataset:gov_report", "dataset:xsum"})
+"""The sources of the official mixture (paper §4.1), as task identities (`elastic_bench.tasks.Task.identities`):
+LongBench's musique and gov_report share two of them."""
 
 
 @dataclass(frozen=True)
@@ -33,12 +53,27 @@ class Example:
     category: str
 
 
+def record_files(path: str | Path) -> list[Path]:
+    """The files `read_records` reads at ``path``: the file, or a directory's ``.jsonl`` / ``.parquet`` files (sorted
+    by name)."""
+    path = Path(path)
+    return sorted(p for p in path.iterdir() if p.suffix in (".jsonl", ".parquet")) if path.is_dir() else [path]
+
+
+def files_sha256(folder: Path, files: list[Path]) -> str:
+    """SHA-256 of the training data ``files`` (`elastic_bench.results.digests`: a file's bytes, or for a folder's
+    files their names under ``folder`` and digests; each read once per content)."""
+    from elastic_bench.results.digests import cached_digest, files_digest
+
+    return cached_digest(files[0]) if files == [folder] else files_digest(folder, files)
+
+
 def read_records(path: str | Path) -> list[dict[str, Any]]:
     """Records of a ``.jsonl`` or ``.parquet`` file, or of every such file in a directory (sorted by name)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"training data {path} does not exist")
-    files = sorted(p for p in path.iterdir() if p.suffix in (".jsonl", ".parquet")) if path.is_dir() else [path]
+    files = record_files(path)
     if not files:
         raise FileNotFoundError(f"{path} holds no .jsonl or .parquet files")
     records: list[dict[str, Any]] = []
@@ -70,9 +105,7 @@ def to_example(record: dict[str, Any], where: str = "record") -> Example:
             raise ValueError(f"{where}: plain records need string fields prompt, answer, category; bad: {missing}")
         return Example(record["prompt"], record["answer"], record["category"])
     if "context" in record or "question" in record:
-        meta = record.get("metadata") or {}
-        if isinstance(meta, str):
-            meta = ast.literal_eval(meta)
+        meta = _metadata(record)
         task = meta.get("task")
         if not isinstance(task, str):
             raise ValueError(f"{where}: official records need metadata.task (the category)")
@@ -85,3 +118,59 @@ def to_example(record: dict[str, Any], where: str = "record") -> Example:
             user = CODE_PREFIX + user
         return Example(user, (record.get("answer") or "").replace("\ufeff", ""), task)
     raise ValueError(f"{where}: expected fields prompt/answer/category or context/question/answer/metadata")
+
+
+def _metadata(record: dict[str, Any]) -> dict[str, Any]:
+    """An official record's ``metadata``: a dict, or its string as the official files may hold it."""
+    meta = record.get("metadata") or {}
+    return ast.literal_eval(meta) if isinstance(meta, str) else meta
+
+
+def record_task(record: dict[str, Any]) -> tuple[str, str | None]:
+    """``(task, category)`` of a record that `to_example` reads: a plain record's ``task`` (its category when it has
+    none) and category; an official record's label and the label's category (`PAPER_LABELS`)."""
+    if "prompt" in record:
+        return record.get("task") or record["category"], record["category"]
+    label = _metadata(record)["task"]
+    return label, PAPER_LABELS.get(label)
+
+
+def official_mixture(name: str, data_dir: str | None = None) -> Path:
+    """The folder holding the parquet files of the official mixture ``name`` (`OFFICIAL_MIXTURES`): ``<data
+    directory>/<name>/`` when it holds any (the data directory: ``data_dir``, else ``$ELASTIC_BENCH_DATA``), else
+    the hub's copy of the dataset repository ``name`` (downloaded once into the Hugging Face cache), unless
+    ``HF_HUB_OFFLINE`` is set.
+
+    Raises:
+        FileNotFoundError: neither holds it (one line: what to download, and where to put it).
+    """
+    from elastic_bench.tasks.corpora import ENV_VAR, data_root
+
+    root = data_root(data_dir)
+    if root is not None and official_files(root / name):
+        return root / name
+    why = "HF_HUB_OFFLINE is set"
+    if os.environ.get("HF_HUB_OFFLINE", "").upper() not in ("1", "ON", "YES", "TRUE"):
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(name, repo_type="dataset", allow_patterns=["*.parquet", "**/*.parquet"]))
+            if official_files(folder):
+                return folder
+            why = "the hub's copy holds no parquet file"
+        except Exception as err:  # noqa: BLE001  (offline, not on the hub, gated: all mean "provide it locally")
+            why = f"the hub did not serve it: {type(err).__name__}"
+    where = root / name if root is not None else Path("DATA") / name
+    unset = "" if root is not None else f" and pass --data-dir DATA (or set {ENV_VAR})"
+    raise FileNotFoundError(f"the official mixture {name} is not here ({why}): download its parquet files from "
+                            f"https://modelscope.cn/datasets/{name} into {where}/{unset}")
+
+
+def official_files(folder: Path) -> list[Path]:
+    """The parquet files of an official mixture's ``folder``, at any depth (sorted by path)."""
+    return sorted(folder.rglob("*.parquet"))
+
+
+def read_official(folder: Path) -> list[dict[str, Any]]:
+    """The records of every parquet file below ``folder`` (`official_files`)."""
+    return [record for file in official_files(folder) for record in read_records(file)]

@@ -33,10 +33,8 @@ from elastic_bench.training.engine import (
     fit,
 )
 
-from ..gates import GATES_FILE
+from ..gates import GATES_FILE, SETTINGS_FILE
 from .passkeys import PasskeyData, PasskeySamples, fit_passkeys
-
-SETTINGS_FILE = "config.json"
 
 
 @dataclass
@@ -164,13 +162,19 @@ class GateObjective(Objective):
 
 
 def export(objective: GateObjective, step: int) -> None:
-    """Write the gates (``full_attention_heads.tsv``) and ``config.json`` into the output folder."""
+    """Write the gates (``full_attention_heads.tsv``) and ``config.json`` into the output folder: the settings, the
+    steps done, the data's sources, its ``provenance`` (`elastic_bench.training.provenance`: what `gate_provenance`
+    reads for the held-out rule), versions, device and date."""
     from elastic_bench.results.provenance import provenance
+    from elastic_bench.training.provenance import learned_provenance
 
     output = Path(objective.output)
+    samples = objective.samples
     write_table(output / GATES_FILE, objective.gates(), objective.gate_format)
     write_json(output / SETTINGS_FILE, {
-        **objective.config.to_dict(), "steps_done": step, **objective.samples.settings(), **objective.settings(),
+        **objective.config.to_dict(), "steps_done": step, **samples.settings(), **objective.settings(),
+        "provenance": learned_provenance(samples.data_provenance(step), step,
+                                         samples.tokens_seen(step)),
         **provenance(objective.device),
     })
 

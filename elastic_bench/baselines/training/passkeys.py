@@ -35,6 +35,7 @@ sentences, seeded).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, replace
@@ -43,6 +44,8 @@ from typing import Literal
 
 import numpy as np
 import torch
+
+from elastic_bench.training.provenance import epoch_tokens
 
 NATO = tuple("alpha bravo charlie delta echo foxtrot golf hotel india juliett kilo lima mike november oscar papa "
              "quebec romeo sierra tango uniform victor whiskey xray yankee zulu".split())
@@ -60,6 +63,8 @@ UPSTREAM_PASSKEYS = (10, 32)  # upstream's passkeys per sample and words per pas
 HAYSTACK_SHARE = 0.25  # a chosen min_length holds the passkeys' tokens and this fraction more of haystack
 TEXT_ROWS = 4  # text rows are cut from the haystack's first TEXT_ROWS × max_length tokens (at least max_length)
 ESSAYS = "ruler/PaulGrahamEssays.json"
+ESSAYS_IDENTITY = "dataset:paul_graham_essays"  # RULER's essays: only its haystack, so no RULER task's identity
+GENERATED_IDENTITY = "generator:testbed.noise"  # the generated haystack: the testbed's noise, which only pads too
 
 
 @dataclass
@@ -255,7 +260,7 @@ class PasskeySamples(torch.utils.data.Dataset):
     def __init__(self, data: PasskeyData, tokenizer, seed: int, per_step: int, rank: int = 0, world_size: int = 1):
         self.data, self.tokenizer, self.seed, self.per_step = data, tokenizer, seed, per_step
         self.rank, self.world_size = rank, world_size
-        self.examples = _record_samples(data, tokenizer) if data.records else None
+        self.records, self.examples = _record_samples(data, tokenizer) if data.records else (None, None)
         if self.examples is not None:
             return
         if data.kind == "text":
@@ -315,9 +320,55 @@ class PasskeySamples(torch.utils.data.Dataset):
         return sample
 
     def _visit(self, step: int, slot: int, count: int) -> int:
-        """Which of ``count`` items the slot's sample takes: a seeded permutation per epoch."""
+        """Which of ``count`` items the slot's sample takes: a seeded permutation per epoch (`_order`)."""
         epoch, offset = divmod(step * self.per_step + slot, count)
-        return int(np.random.default_rng([self.seed, epoch, 7919]).permutation(count)[offset])
+        return int(self._order(count, epoch)[offset])
+
+    def _order(self, count: int, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch, 7919]).permutation(count)
+
+    def _sizes(self) -> list[int]:
+        """The tokens of each item the samples are drawn from (in `_visit`'s order): a record, a length (rounded down
+        to a multiple of 16, what a passkey sample of it holds), or the one size of a text row."""
+        if self.examples is not None:
+            return [len(e.input_ids) for e in self.examples]
+        if self.data.kind == "text":
+            return [self.data.max_length]
+        return [int(length - length % MULTIPLE) for length in self.lengths]
+
+    def tokens_seen(self, steps: int) -> int:
+        """The tokens of the samples of the first ``steps`` steps, over all ranks."""
+        sizes = self._sizes()
+        return epoch_tokens(sizes, steps * self.per_step, lambda epoch: self._order(len(sizes), epoch))
+
+    def data_provenance(self, steps: int) -> dict:
+        """The ``data`` block of the gates' provenance (`elastic_bench.training.provenance`) for a run of ``steps``
+        steps: records read from a file (their identities, tasks and digest), or data generated step by step (the
+        digest of its definition; passkeys: DuoAttention's passkey generator, whose haystack only pads; text rows:
+        the haystack, which is what they hold)."""
+        from elastic_bench.training.make_records import PASSKEY_GENERATOR
+        from elastic_bench.training.provenance import (
+            data_provenance,
+            definition_digest,
+            record_identities,
+        )
+        from elastic_bench.training.records import record_task
+
+        sizes = self._sizes()
+        if self.examples is not None:
+            tasks = dict(record_task(r) for r in self.records)
+            return data_provenance("file", _digest(Path(self.data.records)), record_identities(self.records), tasks,
+                                   (min(sizes), max(sizes)), len(self.records), path=self.data.records)
+        haystack = self.data.haystack_source()
+        settings = {k: v for k, v in dataclasses.asdict(self.data).items() if k not in ("haystack", "data_dir")}
+        definition = {**settings, "seed": self.seed,
+                      "haystack": "generated" if haystack == "generated" else _digest(Path(haystack))}
+        drawn = steps * self.per_step
+        if self.data.kind == "text":
+            return data_provenance("synthetic", definition_digest(definition), [haystack_identity(haystack)],
+                                   {"text": None}, (min(sizes), max(sizes)), drawn)
+        return data_provenance("synthetic", definition_digest(definition), [PASSKEY_GENERATOR],
+                               {"passkey": "sensitive"}, (min(sizes), max(sizes)), drawn)
 
     def settings(self) -> dict:
         """What the run's settings record about the data: the haystack's source and the passkey words."""
@@ -328,17 +379,36 @@ class PasskeySamples(torch.utils.data.Dataset):
         return {"haystack_source": self.data.haystack_source(), "passkey_pool": list(self.words)}
 
 
-def _record_samples(data: PasskeyData, tokenizer) -> list[PasskeySample]:
-    """The records of ``data.records`` as samples (chat-template prompt + answer + EOS, at most ``max_length``)."""
+def _record_samples(data: PasskeyData, tokenizer) -> tuple[list[dict], list[PasskeySample]]:
+    """The records of ``data.records`` and their samples (chat-template prompt + answer + EOS, at most
+    ``max_length``)."""
     from elastic_bench.training.engine import tokenize
     from elastic_bench.training.records import read_records, to_example
 
-    examples = [to_example(r, f"{data.records} record {i + 1}") for i, r in enumerate(read_records(data.records))]
+    records = read_records(data.records)
+    examples = [to_example(r, f"{data.records} record {i + 1}") for i, r in enumerate(records)]
     if not examples:
         raise ValueError(f"--records {data.records} holds no records")
     categories = sorted({e.category for e in examples})
-    return [PasskeySample(t.input_ids, t.prompt_len) for t in tokenize(examples, tokenizer, categories,
-                                                                         data.max_length)]
+    return records, [PasskeySample(t.input_ids, t.prompt_len) for t in tokenize(examples, tokenizer, categories,
+                                                                                  data.max_length)]
+
+
+def _digest(path: Path) -> str:
+    """SHA-256 of a haystack or records file, or of a records folder's files."""
+    from elastic_bench.training.records import files_sha256, record_files
+
+    return files_sha256(path, record_files(path))
+
+
+def haystack_identity(source: str) -> str:
+    """What a haystack (`PasskeyData.haystack_source`) is, as an identity: `GENERATED_IDENTITY`, `ESSAYS_IDENTITY`
+    for RULER's essays (by their file's name), else ``corpus:`` and the first 16 hex digits of its SHA-256."""
+    if source == "generated":
+        return GENERATED_IDENTITY
+    if Path(source).name == Path(ESSAYS).name:
+        return ESSAYS_IDENTITY
+    return "corpus:" + _digest(Path(source))[:16]
 
 
 def passkey_words(choice: str, tokenizer) -> tuple[str, ...]:

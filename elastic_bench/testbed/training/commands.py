@@ -232,8 +232,9 @@ COMMANDS = (
     ),
     Command(
         "testbed data", "write router-training records (JSONL) from the testbed tasks",
-        "Write {prompt, answer, category} records (category: sensitive or robust) from every testbed task, for "
-        "`elastic-bench train-router --model testbed`. Seeds differ from the evaluation prompts'.",
+        "Write {prompt, answer, category, task, identities} records (category: sensitive or robust) from every "
+        "testbed task, for `elastic-bench train-router --model testbed`. Seeds differ from the evaluation prompts', "
+        "but the generators are the tasks': a router trained on them is in-distribution for the testbed tasks.",
         _data, configs=(TestbedDataConfig,),
     ),
     Command(

@@ -1,6 +1,7 @@
 """Router-training records from the testbed generators (``elastic-bench testbed data``).
 
-One JSON object a line: ``{"prompt": str, "answer": str, "category": "sensitive" | "robust", "task": str}``. The
+One JSON object a line: ``{"prompt": str, "answer": str, "category": "sensitive" | "robust", "task": str,
+"identities": [str]}`` (the task's generator, as the registered task declares it: `TaskSpec.identities`). The
 prompt is the evaluation prompt as text (user turn and answer prefix; the testbed tokenizer adds ``<s>`` and has no
 chat template, so ``tokenizer(prompt)`` gives exactly the prompt ids the model was trained on); the answer is the
 continuation the model produces before ``</s>``. Seeds differ from the evaluation's (42), so no record is an
@@ -33,6 +34,7 @@ def records(lengths: list[int], samples: int, seed: int = 1) -> Iterator[dict[st
                     "answer": vocab.decode(example.answer),
                     "category": spec.category,
                     "task": f"testbed_{name}",
+                    "identities": sorted(spec.identities),
                 }
 
 

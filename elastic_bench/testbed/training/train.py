@@ -262,6 +262,23 @@ class Batches(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return self.config.steps
 
+    def provenance(self, steps: int) -> dict[str, Any]:
+        """What the first ``steps`` batches hold (`elastic_bench.training.provenance`): the testbed's generators of
+        the tasks the mixtures draw on, their lengths, rows and tokens (a batch is ``batch_tokens // length`` rows of
+        ``length`` tokens); the digest is that of the configuration, which defines every batch."""
+        from elastic_bench.training.provenance import data_provenance, definition_digest, learned_provenance
+
+        cfg = self.config
+        lengths = [self.length_at(step, np.random.default_rng([cfg.seed, step])) for step in range(steps)] or [0]
+        names = [t for t, w in {**cfg.task_weights, **(cfg.curriculum_task_weights or {})}.items() if w > 0]
+        identities = {identity for name in names for identity in SPECS[name].identities}
+        tasks = {f"testbed_{name}": SPECS[name].category for name in names}
+        definition = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "device"}
+        rows = sum(cfg.batch_tokens // length for length in lengths if length)
+        data = data_provenance("synthetic", definition_digest(definition), identities, tasks,
+                               (min(lengths), max(lengths)), rows)
+        return learned_provenance(data, steps, sum((cfg.batch_tokens // n) * n for n in lengths if n))
+
     def length_at(self, step: int, rng: np.random.Generator) -> int:
         cfg = self.config
         stage = int(step // max(1, round(cfg.stage_fraction * cfg.steps)))
@@ -568,7 +585,8 @@ class TestbedObjective(Objective):
 
 def finish(model, vocab: Vocab, config: TestbedTrainConfig, output: Path, steps_done: int, seconds: float,
            command: str | None) -> dict[str, Any]:
-    """Export the model (bf16 safetensors + tokenizer), evaluate it, and write ``TRAINING.json``."""
+    """Export the model (bf16 safetensors + tokenizer), evaluate it, and write ``TRAINING.json`` (with what the
+    model was trained on, `Batches.provenance`)."""
     from elastic_bench.results.provenance import provenance
 
     model.eval()
@@ -581,6 +599,7 @@ def finish(model, vocab: Vocab, config: TestbedTrainConfig, output: Path, steps_
         "train_seconds": round(seconds, 1),
         "config": dataclasses.asdict(config),
         "parameters": sum(p.numel() for p in model.parameters()),
+        "provenance": Batches(config, vocab).provenance(steps_done),
         **provenance(device),
     }
     if config.eval_samples:
