@@ -308,26 +308,27 @@ class Documents(Ruler2):
         return text, "", answers
 
 
+def _needles(values: int) -> dict:
+    """`prepare_niah.py`'s arguments: one word key, ``values`` 10-digit values, a haystack of needles."""
+    return {"type_haystack": "needle", "type_needle_k": "words", "type_needle_v": "numbers", "num_needle_k": 1,
+            "num_needle_v": values, "num_needle_q": 1, "num_digits_v": 10}
+
+
+def _questions(fewshot: int, num_order: int, task_type: str, algo_type: str) -> dict:
+    """`prepare_mmlu.py`'s arguments (always ``--dataset mmlu --prompt_type instruct``)."""
+    return {"fewshot": fewshot, "num_order": num_order, "task_type": task_type, "algo_type": algo_type}
+
+
 TASKS: dict[str, tuple[type[Ruler2], dict, str, int]] = {
     # upstream task → (generator, its arguments in `prepare.py`, metric, answer budget)
-    "mk_niah_basic": (Needles, {"type_haystack": "needle", "type_needle_k": "words", "type_needle_v": "numbers",
-                                "num_needle_k": 1, "num_needle_v": 1, "num_needle_q": 1, "num_digits_v": 10},
-                      "all", 128),
-    "mk_niah_easy": (Questions, {"fewshot": 0, "num_order": 0, "task_type": "retrieve", "algo_type": "single"},
-                     "all", 1024),
-    "mk_niah_medium": (Questions, {"fewshot": 5, "num_order": 0, "task_type": "solve", "algo_type": "2steps"},
-                       "choice", 1024),
-    "mk_niah_hard": (Questions, {"fewshot": 5, "num_order": 0, "task_type": "solve", "algo_type": "single"},
-                     "choice", 128),
-    "mv_niah_basic": (Needles, {"type_haystack": "needle", "type_needle_k": "words", "type_needle_v": "numbers",
-                                "num_needle_k": 1, "num_needle_v": 4, "num_needle_q": 1, "num_digits_v": 10},
-                      "all", 128),
-    "mv_niah_easy": (Questions, {"fewshot": 0, "num_order": 4, "task_type": "niah", "algo_type": "single"},
-                     "all", 2048),
-    "mv_niah_medium": (Questions, {"fewshot": 0, "num_order": 4, "task_type": "retrieve", "algo_type": "2steps"},
-                       "2steps", 2048),
-    "mv_niah_hard": (Questions, {"fewshot": 0, "num_order": 4, "task_type": "retrieve", "algo_type": "single"},
-                     "all", 1024),
+    "mk_niah_basic": (Needles, _needles(1), "all", 128),
+    "mk_niah_easy": (Questions, _questions(0, 0, "retrieve", "single"), "all", 1024),
+    "mk_niah_medium": (Questions, _questions(5, 0, "solve", "2steps"), "choice", 1024),
+    "mk_niah_hard": (Questions, _questions(5, 0, "solve", "single"), "choice", 128),
+    "mv_niah_basic": (Needles, _needles(4), "all", 128),
+    "mv_niah_easy": (Questions, _questions(0, 4, "niah", "single"), "all", 2048),
+    "mv_niah_medium": (Questions, _questions(0, 4, "retrieve", "2steps"), "2steps", 2048),
+    "mv_niah_hard": (Questions, _questions(0, 4, "retrieve", "single"), "all", 1024),
     "qa_basic": (Documents, {"task_type": "retrieve", "variant": "doc"}, "part", 128),
     "qa_easy": (Documents, {"task_type": "retrieve", "variant": "question"}, "part", 128),
     "qa_medium": (Documents, {"task_type": "solve", "variant": "2steps"}, "part", 1024),

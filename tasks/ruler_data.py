@@ -177,7 +177,7 @@ def _paragraph(title: str, sentences: list[str]) -> str:
 
 def read_hotpotqa_supported(data: list) -> list[dict]:
     """RULER v2's HotpotQA needles, in file order: ``{query, outputs, gold, distractors}``, the documents
-    (``"title\nsentences"``) of the question's supporting facts and the others, each in context order."""
+    (``"title\\nsentences"``) of the question's supporting facts and the others, each in context order."""
     questions = []
     for item in data:
         titles = {title for title, _ in item["supporting_facts"]}
@@ -187,7 +187,7 @@ def read_hotpotqa_supported(data: list) -> list[dict]:
         questions.append({"query": item["question"], "outputs": [item["answer"]],
                           "gold": [d for supporting, d in documents if supporting],
                           "distractors": [d for supporting, d in documents if not supporting]})
-    return [q for q in questions if q["outputs"][0]]
+    return questions
 
 
 def read_hotpotqa_documents(data: list) -> list[str]:
