@@ -1,7 +1,7 @@
 """Which benchmark a task belongs to, and how each benchmark is read: its task categories and its breakdown.
 
 Design decisions:
-- A task's benchmark comes from its registered name (``ruler_*``, ``longbench_e_*``, ``longbench_v2*``,
+- A task's benchmark comes from its registered name (``ruler_*``, ``ruler2_*``, ``longbench_e_*``, ``longbench_v2*``,
   ``longbench_pro``, ``longbench_*``, ``testbed_*``, ``nolima*``, ``babilong_*``, ``mrcr_*``, ``graphwalks_*``,
   ``helmet_*``); any other task is a benchmark of its own. The benchmarks of 2026 are read per length, their tasks'
   categories (sensitive / robust) coming from their samples' ``metadata.category``.
@@ -47,17 +47,18 @@ BENCHMARKS = {
     "LongBench-v2": Benchmark("LongBench-v2", "official", LONGBENCH_V2_BREAKDOWN),
     "LongBench": Benchmark("LongBench", "category"),
     "testbed": Benchmark("testbed", "category"),
-    **{name: Benchmark(name, "length") for name in ("LongBench-Pro", "NoLiMa", "BABILong", "MRCR", "GraphWalks",
-                                                    "HELMET")},
+    **{name: Benchmark(name, "length") for name in ("RULER v2", "LongBench-Pro", "NoLiMa", "BABILong", "MRCR",
+                                                    "GraphWalks", "HELMET")},
 }
 
 
 def benchmark_of(task: str) -> Benchmark:
     """The benchmark of a registered task name (a task of no known benchmark is one of its own, read per length)."""
-    for prefix, name in (("ruler_", "RULER"), ("longbench_e_", "LongBench-E"), ("longbench_v2", "LongBench-v2"),
-                         ("longbench_pro", "LongBench-Pro"), ("longbench_", "LongBench"), ("testbed_", "testbed"),
-                         ("nolima", "NoLiMa"), ("babilong_", "BABILong"), ("mrcr_", "MRCR"),
-                         ("graphwalks_", "GraphWalks"), ("helmet_", "HELMET")):
+    for prefix, name in (("ruler_", "RULER"), ("ruler2_", "RULER v2"), ("longbench_e_", "LongBench-E"),
+                         ("longbench_v2", "LongBench-v2"), ("longbench_pro", "LongBench-Pro"),
+                         ("longbench_", "LongBench"), ("testbed_", "testbed"), ("nolima", "NoLiMa"),
+                         ("babilong_", "BABILong"), ("mrcr_", "MRCR"), ("graphwalks_", "GraphWalks"),
+                         ("helmet_", "HELMET")):
         if task.startswith(prefix):
             return BENCHMARKS[name]
     return Benchmark(task, "length")

@@ -30,14 +30,16 @@ BENCHMARKS = (
     Benchmark("RULER", "ruler_", "NVIDIA/RULER (generated locally)",
               "code and configuration Apache-2.0; SQuAD and HotpotQA CC BY-SA 4.0; Paul Graham's essays as "
               "RULER's script fetches them"),
+    Benchmark("RULER v2", "ruler2_", "NVIDIA-NeMo/Skills branch chsieh/ruler2 (generated locally: MMLU, HotpotQA)",
+              "code Apache-2.0; MMLU MIT (cais/mmlu); HotpotQA CC BY-SA 4.0"),
     Benchmark("LongBench-E", "longbench_e_", "THUDM/LongBench data.zip", "MIT (THUDM/LongBench)"),
     Benchmark("LongBench-v2", "longbench_v2", "THUDM/LongBench-v2 data.json", "MIT (THUDM/LongBench)"),
     Benchmark("LongBench Pro", "longbench_pro", "caskcsg/LongBench-Pro longbench_pro.json",
               "Apache-2.0 (dataset card)"),
     Benchmark("LongBench", "longbench_", "THUDM/LongBench data.zip", "MIT (THUDM/LongBench)"),
     Benchmark("NoLiMa", "nolima", "amodaresi/NoLiMa needle sets and shuffled books",
-              "Adobe Research License, non-commercial research only (also the shipped template); books: the "
-              "dataset's haystack/LICENSES.md"),
+              "Adobe Research License, non-commercial research only (also its code's task template, read from "
+              "the data directory, not shipped); books: the dataset's haystack/LICENSES.md"),
     Benchmark("BABILong", "babilong_", "RMT-team/babilong (100 samples per task and length)",
               "prompts Apache-2.0 (booydar/babilong); samples: bAbI facts in PG-19 text, see the dataset card"),
     Benchmark("MRCR", "mrcr_", "openai/mrcr parquet files", "MIT (dataset card)"),
@@ -46,8 +48,6 @@ BENCHMARKS = (
               "code MIT; data: each source's own terms (KILT, MS MARCO, TREC, Banking77, CLINC150, NLU Evaluation "
               "Data, ∞Bench)"),
     Benchmark("testbed", "testbed_", "this package's testbed generators", "Apache-2.0"),
-    Benchmark("RULER v2", None, "NVIDIA-NeMo/Skills, branch chsieh/ruler2", "Apache-2.0",
-              "public (MMLU/HotpotQA-based generators and scorer) but not implemented here yet"),
     Benchmark("HELMET NarrativeQA, ∞Bench En.QA", None, "princeton-nlp/HELMET", "code MIT",
               "scored by a GPT-4o judge in HELMET (NarrativeQA's demonstrations are also drawn unseeded)"),
     Benchmark("LongBench Pro T4 summaries", None, "caskcsg/LongBench-Pro", "Apache-2.0",

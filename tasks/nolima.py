@@ -11,9 +11,10 @@ Protocol (`evaluation/run_tests.py`, `async_evaluate.py`, `data/book_haystack.py
 - placement: the book is tokenised without special tokens; the needle goes after the first newline token at or
   beyond ``depth·(C + 1)`` tokens, in the window of C tokens starting ``round(C·depth)`` tokens before it, as
   ``pre + " " + needle + "\\n" + post`` (the newline the needle follows removed);
-- prompt: the task template (`data/nolima/task_template.txt`, or the entry's own) with the haystack and question,
-  after the system prompt "You are a helpful assistant", through the tokenizer's chat template; greedy, 192 new
-  tokens;
+- prompt: the task template (the entry's own, else ``DEFAULT_TASK_TEMPLATE`` of upstream's
+  `evaluation/run_tests.py`, read from the data directory: it is not shipped, its licence being non-commercial) with
+  the haystack and question, after the system prompt "You are a helpful assistant", through the tokenizer's chat
+  template; greedy, 192 new tokens;
 - scoring: the ``contains`` metric of the run configurations: 1 if a gold answer (the drawn name, or the test's
   ``gold_answers``) occurs in the response. The score is the accuracy in percent, with ``score_onehop`` and
   ``score_twohop``.
@@ -26,8 +27,10 @@ each sample's metadata). Needle sets with distractors are not supported.
 
 from __future__ import annotations
 
+import ast
+from collections.abc import Callable
 from functools import lru_cache
-from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,14 +57,46 @@ def contains(response: str, gold: list[str]) -> float:
     return float(any(answer in response for answer in gold))
 
 
-@lru_cache(maxsize=1)
-def default_template() -> str:
-    return (resources.files(__package__) / "data" / "nolima" / "task_template.txt").read_text(encoding="utf-8")
+TEMPLATE = Source(
+    "NoLiMa's task template", ("nolima/evaluation/run_tests.py",),
+    "It is evaluation/run_tests.py of NoLiMa's code (adobe-research/NoLiMa on GitHub, Adobe Research License), whose "
+    "DEFAULT_TASK_TEMPLATE is the template: copy it from a clone of that repository, whose "
+    "data/download_NoLiMa_data.sh downloads the needle sets and books.")
+TEMPLATE_NAME = "DEFAULT_TASK_TEMPLATE"
 
 
-def tests(needle_set: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+def task_template(path: Path) -> str:
+    """The string assigned to ``DEFAULT_TASK_TEMPLATE`` in NoLiMa's `evaluation/run_tests.py` at ``path`` (read with
+    `ast`, never run).
+
+    Raises:
+        ValueError: the file is not Python, or assigns no string with ``{haystack}`` and ``{question}`` to that name.
+    """
+    stat = path.stat()
+    return _task_template(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=2)
+def _task_template(path: str, mtime_ns: int, size: int) -> str:
+    try:
+        module = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, SyntaxError) as err:
+        raise ValueError(f"{path} is not a readable Python file ({type(err).__name__}: {err})") from None
+    assigned = [node.value for node in module.body if isinstance(node, ast.Assign)
+                and any(isinstance(target, ast.Name) and target.id == TEMPLATE_NAME for target in node.targets)]
+    try:
+        value = ast.literal_eval(assigned[-1]) if assigned else None
+    except (ValueError, TypeError):  # an expression, not a literal
+        value = None
+    if not (isinstance(value, str) and "{haystack}" in value and "{question}" in value):
+        raise ValueError(f"{path} assigns no template string with {{haystack}} and {{question}} to {TEMPLATE_NAME}")
+    return value
+
+
+def tests(needle_set: list[dict[str, Any]], name: str, default_template: Callable[[], str]) -> list[dict[str, Any]]:
     """The tests of a needle set in upstream's order: ``{name, question_type, needle, question, gold, characters,
-    template, seed}``."""
+    template, seed}``; ``template`` is the entry's own, else ``default_template()`` (called once, only then)."""
+    default = lru_cache(maxsize=1)(default_template)
     found = []
     for entry in needle_set:
         if "distractors" in entry:
@@ -79,7 +114,7 @@ def tests(needle_set: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
                         "name": f"{entry['id']}_{test_id}_{question_type}", "question_type": question_type,
                         "needle": needle, "question": filled, "gold": test.get("gold_answers", []),
                         "characters": entry.get("character_set", []),
-                        "template": entry.get("task_template", default_template()),
+                        "template": entry.get("task_template") or default(),
                         "seed": BASE_SEED + int(entry["id"][:4]),
                     })
         except (KeyError, TypeError, AttributeError, ValueError) as err:
@@ -152,10 +187,12 @@ class NoLiMa(Task):
     def samples(self, tokenizer, length: int, limit: int | None = None, seed: int = 42) -> list[Sample]:
         """Books × tests × depths in upstream's order (the first ``limit``); the seed is upstream's own (its base seed
         42), not the run's."""
-        found = tests(read_records(fetch(self.sources[0], self.data_dir)), self.name)
+        needle_set, template, *books = self.sources
+        found = tests(read_records(fetch(needle_set, self.data_dir)), self.name,
+                      lambda: task_template(fetch(template, self.data_dir)))
         context = self.context_length(tokenizer, found, length)
         result: list[Sample] = []
-        for number, (filename, book_source) in enumerate(zip(BOOKS, self.sources[1:])):
+        for number, (filename, book_source) in enumerate(zip(BOOKS, books)):
             path = fetch(book_source, self.data_dir)
             book = _book(tokenizer, str(path), path.stat().st_mtime_ns)
             for test in found:
@@ -192,7 +229,7 @@ class NoLiMa(Task):
 
 
 def _register(task: str, needle_set: str, description: str) -> None:
-    sources = (_source(f"needlesets/{needle_set}", f"NoLiMa needle set {needle_set}"),
+    sources = (_source(f"needlesets/{needle_set}", f"NoLiMa needle set {needle_set}"), TEMPLATE,
                *(_source(f"haystack/rand_shuffle/{b}", f"NoLiMa haystack {b}") for b in BOOKS))
     register(task, group="nolima")(type(f"NoLiMa_{task}", (NoLiMa,), {"needle_set": needle_set, "sources": sources,
                                                                       "__doc__": description}))

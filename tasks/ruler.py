@@ -105,6 +105,8 @@ class Ruler(Task):
     generator: str = ""
     args: dict = {}
     metric = "all"
+    samples_default = SAMPLES  # samples per task and length without a limit
+    category: str | None = None  # the samples' ``metadata.category`` where set (RULER's tasks read their family)
     step_below_4k = 5  # RULER's `incremental` for sentence haystacks below 4K, 25 above (used for the first guess)
     step = 25
 
@@ -141,7 +143,7 @@ class Ruler(Task):
         return random.Random(f"ruler:{seed}:{index}")
 
     def num_samples(self, limit: int | None) -> int:
-        return SAMPLES if limit is None else limit
+        return self.samples_default if limit is None else limit
 
     def samples(self, tokenizer, length: int, limit: int | None = None, seed: int = 42) -> list[Sample]:
         """Samples whose input plus ``max_new_tokens`` fits ``length``: the haystack size is the largest that fits
@@ -174,7 +176,8 @@ class Ruler(Task):
         for index in range(self.num_samples(limit)):
             units = first if fits(first, index) else largest(index, first)
             ids, answers = encode(units, index)
-            result.append(Sample(f"{index}", ids, self.max_new_tokens, answers, {"length": length, "units": units}))
+            metadata = {"length": length, "units": units, **({"category": self.category} if self.category else {})}
+            result.append(Sample(f"{index}", ids, self.max_new_tokens, answers, metadata))
         return result
 
     def score(self, prediction: str, sample: Sample) -> float:
@@ -202,10 +205,10 @@ def largest_fitting(fits: Callable[[int], bool], lo: int, hi: int | None = None,
     return lo
 
 
-def random_value(kind: str, rng: random.Random) -> str:
-    """A needle key or value: a 7-digit number, a UUID4, or an ``adjective-noun`` word pair."""
+def random_value(kind: str, rng: random.Random, digits: int = 7) -> str:
+    """A needle key or value: a number of ``digits`` digits, a UUID4, or an ``adjective-noun`` word pair."""
     if kind == "numbers":
-        return str(rng.randint(10**6, 10**7 - 1))
+        return str(rng.randint(10 ** (digits - 1), 10**digits - 1))
     if kind == "uuids":
         return str(uuid.UUID(int=rng.getrandbits(128), version=4))
     if kind == "words":
@@ -258,37 +261,44 @@ class Niah(Ruler):
                 if i - 1 < len(needles):
                     parts.append(needles[i - 1])
             return " ".join(parts)
-        if a["type_haystack"] == "noise":
-            lines = [NOISE] * units
-        else:
-            v = a["type_needle_v"]
-            lines = [
-                NEEDLE.format(type_needle_v=v, key=random_value(a["type_needle_k"], rng), value=random_value(v, rng))
-                for _ in range(units)
-            ]
+        lines = [NOISE] * units if a["type_haystack"] == "noise" else self.distractor_needles(units, rng)
         for position, needle in zip(sorted(rng.sample(range(units), len(needles)), reverse=True), needles):
             lines.insert(position, needle)
         return "\n".join(lines)
+
+    def value(self, rng: random.Random) -> str:
+        """A needle value (``num_digits_v`` digits for numbers: 7 unless the arguments say otherwise)."""
+        return random_value(self.args["type_needle_v"], rng, self.args.get("num_digits_v", 7))
+
+    def distractor_needles(self, units: int, rng: random.Random) -> list[str]:
+        """The ``needle`` haystack: ``units`` needles of random keys and values."""
+        v = self.args["type_needle_v"]
+        return [NEEDLE.format(type_needle_v=v, key=random_value(self.args["type_needle_k"], rng), value=self.value(rng))
+                for _ in range(units)]
+
+    def prompt(self, context: str, query: str, type_v: str, single: bool) -> tuple[str, str]:
+        """``(user text, answer prefix)``: RULER's niah template, in the singular for a single answer."""
+        template, prefix, _ = TEMPLATES["niah"]
+        if single:
+            for old, new in (("Some", "A"), ("are all", "is"), ("are", "is"), ("answers", "answer")):
+                template, prefix = template.replace(old, new), prefix.replace(old, new)
+        return (template.format(type_needle_v=type_v, context=context, query=query),
+                prefix.format(type_needle_v=type_v, query=query))
 
     def build(self, units, index, seed, length):
         a, rng = self.args, self._rng(seed, index)
         keys, values, needles = [], [], []
         for _ in range(self.num_keys):
             keys.append(random_value(a["type_needle_k"], rng))
-            values.append([random_value(a["type_needle_v"], rng) for _ in range(a["num_needle_v"])])
+            values.append([self.value(rng) for _ in range(a["num_needle_v"])])
             needles += [NEEDLE.format(type_needle_v=a["type_needle_v"], key=keys[-1], value=v) for v in values[-1]]
         random.Random(seed).shuffle(needles)
         context = self._haystack(units, needles, rng)
         chosen = rng.sample(range(self.num_keys), a["num_needle_q"])
-        query = join_keys([keys[i] for i in chosen])
-        template, prefix, _ = TEMPLATES["niah"]
-        type_v = a["type_needle_v"]
-        if a["num_needle_q"] * a["num_needle_v"] == 1:
-            for old, new in (("Some", "A"), ("are all", "is"), ("are", "is"), ("answers", "answer")):
-                template, prefix = template.replace(old, new), prefix.replace(old, new)
-            type_v = type_v[:-1]
-        user = template.format(type_needle_v=type_v, context=context, query=query)
-        return user, prefix.format(type_needle_v=type_v, query=query), [v for i in chosen for v in values[i]]
+        single = a["num_needle_q"] * a["num_needle_v"] == 1
+        type_v = a["type_needle_v"][:-1] if single else a["type_needle_v"]
+        user, prefix = self.prompt(context, join_keys([keys[i] for i in chosen]), type_v, single)
+        return user, prefix, [v for i in chosen for v in values[i]]
 
 
 class VariableTracking(Ruler):

@@ -1,5 +1,7 @@
 """RULER's inputs: wonderwords word lists, the needle-key vocabulary, and the external corpora (essays, SQuAD,
-HotpotQA, cwe's long word list, nltk's punkt model), read as `scripts/data/synthetic/*.py` reads them."""
+HotpotQA, cwe's long word list, nltk's punkt model), read as `scripts/data/synthetic/*.py` reads them; and RULER v2's
+(HotpotQA's dev questions with their supporting documents and its train documents, MMLU's test and auxiliary train
+questions), read as NeMo-Skills' `dataset/ruler2/prepare_*.py` read them."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 
 from . import corpora
 from .corpora import Source, data_root, fetch
+from .records import read_records
 
 ESSAYS = Source(
     "RULER's Paul Graham essay haystack",
@@ -25,10 +28,30 @@ SQUAD = Source(
     hub_rows=("rajpurkar/squad_v2", None, "validation"),
 )
 HOTPOTQA = Source(
-    "HotpotQA dev distractor set (RULER qa_2)",
+    "HotpotQA dev distractor set (RULER qa_2, RULER v2's qa tasks)",
     ("ruler/hotpotqa.json",),
     "It is hotpot_dev_distractor_v1.json from the HotpotQA website, renamed (as RULER's download_qa_dataset.sh).",
     hub_rows=("hotpotqa/hotpot_qa", "distractor", "validation"),
+)
+HOTPOTQA_TRAIN = Source(
+    "HotpotQA train set (RULER v2's document haystack)",
+    ("ruler/hotpotqa_train.json",),
+    "It is hotpot_train_v1.1.json from the HotpotQA website, renamed.",
+    hub_rows=("hotpotqa/hotpot_qa", "distractor", "train"),
+)
+MMLU_TEST = Source(
+    "MMLU test questions (RULER v2's needles)",
+    ("mmlu/all/test-00000-of-00001.parquet",),
+    "It is all/test-00000-of-00001.parquet of the cais/mmlu dataset on the Hugging Face hub (reading it needs "
+    "pyarrow: pip install 'elastic-bench[hub]').",
+    hub=("cais/mmlu", "all/test-00000-of-00001.parquet"),
+)
+MMLU_AUXILIARY = Source(
+    "MMLU auxiliary train questions (RULER v2's question haystack)",
+    ("mmlu/all/auxiliary_train-00000-of-00001.parquet",),
+    "It is all/auxiliary_train-00000-of-00001.parquet of the cais/mmlu dataset on the Hugging Face hub (reading it "
+    "needs pyarrow: pip install 'elastic-bench[hub]').",
+    hub=("cais/mmlu", "all/auxiliary_train-00000-of-00001.parquet"),
 )
 ENGLISH_WORDS = Source(
     "RULER's cwe word list for inputs with more distinct words than wonderwords has",
@@ -148,6 +171,44 @@ def read_hotpotqa(data: list) -> tuple[list[dict], list[str]]:
     return questions, docs
 
 
+def _paragraph(title: str, sentences: list[str]) -> str:
+    return f"{title}\n{''.join(sentences)}"
+
+
+def read_hotpotqa_supported(data: list) -> list[dict]:
+    """RULER v2's HotpotQA needles, in file order: ``{query, outputs, gold, distractors}``, the documents
+    (``"title\\nsentences"``) of the question's supporting facts and the others, each in context order."""
+    questions = []
+    for item in data:
+        titles = {title for title, _ in item["supporting_facts"]}
+        documents = [(title in titles, _paragraph(title, sentences)) for title, sentences in item["context"]]
+        if not any(supporting for supporting, _ in documents):
+            raise ValueError(f"question {item.get('_id')!r} has no supporting document")
+        questions.append({"query": item["question"], "outputs": [item["answer"]],
+                          "gold": [d for supporting, d in documents if supporting],
+                          "distractors": [d for supporting, d in documents if not supporting]})
+    return questions
+
+
+def read_hotpotqa_documents(data: list) -> list[str]:
+    """Every document of a HotpotQA file, sorted and de-duplicated (RULER v2's haystack of train documents)."""
+    return sorted({_paragraph(title, sentences) for item in data for title, sentences in item["context"]})
+
+
+def read_mmlu(rows: list[dict]) -> list[dict]:
+    """MMLU rows (``question``, ``choices``, ``answer`` index) as RULER v2 writes them: ``{question, solution,
+    answer}``, the question followed by its lettered choices with every whitespace run made one space, the solution
+    ``" \\boxed{<letter>}"``."""
+    items = []
+    for row in rows:
+        choices, letter = list(row["choices"]), "ABCD"[row["answer"]]
+        if len(choices) != 4:
+            raise ValueError(f"an MMLU question has {len(choices)} choices, not 4")
+        text = row["question"] + "".join(f"\n{option}. {choice}" for option, choice in zip("ABCD", choices))
+        items.append({"question": re.sub(r"\s+", " ", text), "solution": f" \\boxed{{{letter}}}", "answer": letter})
+    return items
+
+
 def squad_from_rows(rows: list[dict]) -> dict:
     """SQuAD's JSON structure (articles → paragraphs → qas) from hub rows (title, context, question, id, answers),
     which list the questions in file order."""
@@ -170,6 +231,8 @@ def hotpotqa_from_rows(rows: list[dict]) -> list[dict]:
     """HotpotQA's JSON structure (``context`` as ``[title, sentences]`` pairs) from hub rows."""
     return [
         {"_id": row["id"], "question": row["question"], "answer": row["answer"],
+         "supporting_facts": [[t, i] for t, i in zip(row["supporting_facts"]["title"],
+                                                     row["supporting_facts"]["sent_id"])],
          "context": [[t, list(s)] for t, s in zip(row["context"]["title"], row["context"]["sentences"])]}
         for row in rows
     ]
@@ -180,11 +243,16 @@ _LOADERS = {  # kind → (source, parse, its hub rows → official JSON, where t
     "english_words": (ENGLISH_WORDS, lambda data: list(data.values()), None),
     "squad": (SQUAD, read_squad, squad_from_rows),
     "hotpotqa": (HOTPOTQA, read_hotpotqa, hotpotqa_from_rows),
+    "hotpotqa_supported": (HOTPOTQA, read_hotpotqa_supported, hotpotqa_from_rows),
+    "hotpotqa_train": (HOTPOTQA_TRAIN, read_hotpotqa_documents, hotpotqa_from_rows),
+    "mmlu_test": (MMLU_TEST, read_mmlu, None),
+    "mmlu_auxiliary": (MMLU_AUXILIARY, read_mmlu, None),
 }
 
 
 def source(kind: str) -> Source:
-    """The corpus file of ``kind``: ``essay``, ``english_words``, ``squad`` or ``hotpotqa``."""
+    """The corpus file of ``kind``: ``essay``, ``english_words``, ``squad``, ``hotpotqa`` (v1), or RULER v2's
+    ``hotpotqa_supported``, ``hotpotqa_train``, ``mmlu_test``, ``mmlu_auxiliary``."""
     return _LOADERS[kind][0]
 
 
@@ -194,10 +262,14 @@ _SHAPES = {  # kind → what its file must hold (for messages), and whether a pa
                       lambda words: bool(words) and all(isinstance(w, str) for w in words)),
     "squad": ("SQuAD v2.0 dev JSON (data → paragraphs → qas) with an answerable question", lambda qa: bool(qa[0])),
     "hotpotqa": ("HotpotQA dev JSON (a list of questions with their context)", lambda qa: bool(qa[0])),
+    "hotpotqa_supported": ("HotpotQA dev JSON (questions with their context and supporting facts)", bool),
+    "hotpotqa_train": ("HotpotQA train JSON (a list of questions with their context)", bool),
+    "mmlu_test": ("MMLU rows (question, choices, answer)", bool),
+    "mmlu_auxiliary": ("MMLU rows (question, choices, answer)", bool),
 }
 
 
-@lru_cache(maxsize=8)
+@lru_cache(maxsize=16)
 def _load(kind: str, root: Path | None):
     """The parsed corpus of ``kind``; ValueError naming the file (or hub dataset) and what it must hold when it is
     not JSON of that shape, or holds nothing (a cell reading it fails with that message; the run goes on)."""
@@ -216,9 +288,11 @@ def _load(kind: str, root: Path | None):
     else:
         where = str(path)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:  # not UTF-8 or not JSON, a folder, unreadable
-            raise ValueError(f"{where} is not a readable JSON file ({err}); expected {_SHAPES[kind][0]}") from None
+            data = read_records(path) if path.suffix == ".parquet" else json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:  # not UTF-8 or not JSON, not parquet, a folder, unreadable
+            kind_of_file = "parquet" if path.suffix == ".parquet" else "JSON"
+            raise ValueError(f"{where} is not a readable {kind_of_file} file ({err}); expected {_SHAPES[kind][0]}"
+                             ) from None
     expected, valid = _SHAPES[kind]
     try:
         parsed = parse(data)
@@ -242,6 +316,12 @@ def english_words(data_dir) -> list[str]:
 def qa_dataset(name: str, data_dir) -> tuple[list[dict], list[str]]:
     """``(questions, documents)`` of ``squad`` or ``hotpotqa`` (see `read_squad`, `read_hotpotqa`)."""
     return _load(name, data_root(data_dir))
+
+
+def corpus(kind: str, data_dir):
+    """The parsed corpus of ``kind`` (see `source`) for RULER v2: `read_hotpotqa_supported`,
+    `read_hotpotqa_documents` or `read_mmlu` of its file."""
+    return _load(kind, data_root(data_dir))
 
 
 def sentence_splitter(data_dir) -> Callable[[str], list[str]]:

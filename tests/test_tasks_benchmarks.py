@@ -11,7 +11,7 @@ import random
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from fixtures.benchmarks_data import NEEDLE_SET, build
+from fixtures.benchmarks_data import NEEDLE_SET, NOLIMA_TEMPLATE, build
 
 from elastic_bench import tasks
 from elastic_bench.modeling.loading import bpe_tokenizer, byte_tokenizer
@@ -116,7 +116,7 @@ def upstream_placement(ids: list[int], decode, needle: str, context: int, depth:
 
 
 def test_nolima_tests_seeds_placement_and_prompt(data_dir, tok):
-    found = nolima.tests(NEEDLE_SET, "nolima")
+    found = nolima.tests(NEEDLE_SET, "nolima", lambda: NOLIMA_TEMPLATE)
     assert [t["name"] for t in found] == ["0401_T01_onehop", "0401_T02_onehop", "0401_T01_twohop",
                                           "0401_T02_twohop", "0502_T01_onehop"]
     assert found[0]["needle"] == "Actually, {CHAR} lives next to the Kiasma museum."
@@ -132,7 +132,10 @@ def test_nolima_tests_seeds_placement_and_prompt(data_dir, tok):
     assert [s.references[0] for s in samples[:26]] == names
     assert samples[26].metadata["test"] == "0401_T02_onehop" and samples[26].metadata["depth"] == 0.0
     text = tok.decode(samples[5].input_ids)
-    assert text.startswith("<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\nYou will")
+    system = "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\n"
+    head, tail = NOLIMA_TEMPLATE.split("{haystack}")
+    assert text.startswith(system + head) and text.endswith(
+        tail.format(question=found[0]["question"]) + "<|im_end|>\n<|im_start|>assistant\n")
     assert f"Actually, {names[5]} lives next to the Kiasma museum." in text
     book_text = (corpora.data_root(data_dir) / "nolima/haystack/rand_shuffle/rand_book_1.txt").read_text()
     book = nolima.Book(tok, book_text)
@@ -142,6 +145,33 @@ def test_nolima_tests_seeds_placement_and_prompt(data_dir, tok):
 
 
 NAMES_ = NEEDLE_SET[0]["character_set"]
+
+
+def test_nolima_template_is_read_from_the_data_directory(data_dir, tok, tmp_path):
+    """Upstream's template is not shipped: it is read from NoLiMa's `evaluation/run_tests.py` in the data directory
+    (never run), an entry's own template wins, and a missing or unusable file is one line naming it."""
+    import shutil
+    from importlib import resources
+
+    shipped = resources.files("elastic_bench.tasks") / "data"
+    assert not (shipped / "nolima").is_dir() and "Adobe" not in (shipped / "NOTICE.md").read_text(encoding="utf-8")
+    path = corpora.data_root(data_dir) / "nolima" / "evaluation" / "run_tests.py"
+    assert nolima.task_template(path) == NOLIMA_TEMPLATE
+    root = tmp_path / "data"
+    shutil.copytree(corpora.data_root(data_dir) / "nolima", root / "nolima")
+    (root / "nolima" / "evaluation" / "run_tests.py").unlink()
+    task = tasks.get("nolima", data_dir=str(root))
+    with pytest.raises(FileNotFoundError) as err:
+        task.samples(tok, 4096, limit=1)
+    assert str(root / "nolima" / "evaluation" / "run_tests.py") in str(err.value) and "\n" not in str(err.value)
+    own = [{**entry, "task_template": "Book: {haystack} Q: {question}"} for entry in NEEDLE_SET]
+    (root / "nolima" / "needlesets" / "needle_set.json").write_text(json.dumps(own))
+    assert tok.decode(task.samples(tok, 4096, limit=1)[0].input_ids).count("Book: ") == 1
+    for code in ("DEFAULT_TASK_TEMPLATE = 'no placeholders'\n", "DEFAULT_TASK_TEMPLATE = make()\n", "def (:\n"):
+        bad = tmp_path / "run_tests.py"
+        bad.write_text(code)
+        with pytest.raises(ValueError, match="run_tests.py"):
+            nolima.task_template(bad)
 
 
 def test_nolima_aggregate_per_question_type():
@@ -286,15 +316,17 @@ def test_tasks_listing_shows_benchmarks_licences_and_what_is_not_registered(caps
     assert main(["tasks"]) == 0
     listing = capsys.readouterr().out
     for row in (r"NoLiMa\s+2\s+amodaresi/NoLiMa", r"BABILong\s+10\s", r"MRCR\s+3\s+openai/mrcr", r"HELMET\s+15\s",
-                r"GraphWalks\s+2\s", r"LongBench Pro\s+1\s", r"mrcr\s+3$", r"helmet_icl\s+5$", r"babilong\s+5$"):
+                r"GraphWalks\s+2\s", r"LongBench Pro\s+1\s", r"mrcr\s+3$", r"helmet_icl\s+5$", r"babilong\s+5$",
+                r"RULER v2\s+12\s+NVIDIA-NeMo/Skills", r"ruler2\s+12$", r"ruler2_qa_hard\s+corpus or hub\s"):
         assert re.search(rf"^{row}", listing, re.MULTILINE), row
-    assert "Adobe Research License" in listing and "Not registered: RULER v2" in listing
-    assert re.search(r"^nolima\s+corpus or hub\s+nolima/needlesets/needle_set.json", listing, re.MULTILINE)
+    assert "Adobe Research License" in listing and "Not registered: RULER v2" not in listing
+    # NoLiMa's template has no hub copy: the task needs a local file
+    assert re.search(r"^nolima\s+corpus\s+nolima/needlesets/needle_set.json", listing, re.MULTILINE)
+    assert "nolima/evaluation/run_tests.py" in listing
 
 
 @pytest.mark.parametrize("path, sha256", [
     ("babilong/prompts.json", "c30f2a9daf2c1b69aa6e1599566f067b49a568b4bcb3ba6f88f0fa55a190068c"),
-    ("nolima/task_template.txt", "e6167bd1232798601988f4b53017a78414023cccd07b1c136c4415b087ea6754"),
 ])
 def test_shipped_upstream_strings_are_those_recorded_in_the_notice(path, sha256):
     import hashlib
