@@ -4,8 +4,9 @@ self-contained page: jinja2, plots embedded as ``data:`` URIs, sortable tables, 
 Design decisions:
 - Both files show the same tables in the same order, grouped under the same headings: summary and frontiers,
   adaptive sparsity and routing, the published figures a configuration reproduces, the sparsity within δ of full
-  attention, one group per benchmark, paired differences, configurations (the legend of
-  labels), then the excluded and failed cells, failures folded once per distinct error message.
+  attention, the comparison at equal budgets and the prefill taken apart (`budgets`), one group per benchmark, paired
+  differences, configurations (the legend of labels), then the excluded and failed cells, failures folded once per
+  distinct error message.
 - Provenance (versions, git hashes with their ``-dirty`` mark, source digests, devices, backends, dates) is read
   from the cells' ``metrics.json``.
 - Where the prefill times do not measure attention (`summary.timing_note`), the speedup frontier's place holds the
@@ -25,7 +26,7 @@ import pandas as pd
 
 from elastic_bench.foundation.files import atomic_path, write_text
 
-from . import plots, tables
+from . import budgets, plots, tables
 from .collect import CellResult
 from .free_sparsity import DELTA, free_sparsity
 from .labels import folder_label, ran_with
@@ -70,6 +71,8 @@ def groups(comparison: Comparison, delta: float = DELTA) -> list[Group]:
     if free := free_sparsity(comparison, delta):
         found.append(Group(f"{base}-free-sparsity", "Sparsity within δ of full attention",
                            [tables.free_sparsity_table(free)]))
+    found += [Group(f"{base}-{slug(s.heading)}", s.heading, s.tables, s.plots, s.notes)
+              for s in budgets.sections(comparison, base)]
     for name, benchmark_tables in tables.benchmark_tables(comparison):
         curve = plots.length_curves(comparison, name, base)
         found.append(Group(f"{base}-{slug(name)}", name, benchmark_tables, [curve] if curve else []))

@@ -9,12 +9,14 @@ Design decisions:
 - A block pair's score is its mass per (query, key) pair it computes (counted as `elastic_bench.kernels.pair_counts`
   counts them: a block below the diagonal wholly, the diagonal one causally): the mean true probability in it. Per
   query head the causal block pairs are ranked by score (ties: the lower row, then the lower column first) and the top
-  k kept, k the largest whose pairs stay within the share ``1 − budget`` of the call's causal pairs. Ranking by score
-  rather than by mass is the greedy rule of a knapsack whose items are blocks of unequal cost (a diagonal block costs
-  about half a full one): no selection of whole blocks within the budget keeps more mass than this one plus the next
-  block's. (Ranked by mass alone, the testbed's heads dropped most diagonal blocks for the sink's and failed every
-  needle at ΩESR 0.5; by score they keep them.) Budget 0 keeps every block: dense attention. A block row may keep
-  nothing: its queries then attend nothing (the kernels output zeros), as the budget says.
+  k kept, k the largest whose pairs stay within the share ``1 − budget`` of the call's causal pairs; every block row's
+  best block is ranked first (a query that attends nothing has no softmax: the kernels would give it zeros), the rest
+  after. Ranking by score rather than by mass is the greedy rule of a knapsack whose items are blocks of unequal cost
+  (a diagonal block costs about half a full one): among the selections that give every row a block, none keeps more
+  mass than this one plus the next block's. (Ranked by mass alone, the testbed's heads dropped most diagonal blocks
+  for the sink's and failed every needle at ΩESR 0.5; without the rows' first blocks, rows left empty failed every
+  copy at 0.5: docs/budgets.md.) Budget 0 keeps every block: dense attention. Where the budget cannot hold every row's
+  first block, the best-scoring of them are kept and the other rows attend nothing.
 - The selection is a BLOCK_SPARSE plan, so the kernels compute it and the sparsity accounting counts it as any
   block-sparse method's; its ΩESR lies within one block's pairs per head above the budget.
 - The dense scoring and the ranking are the oracle's estimation (`elastic_bench.kernels.timing.part`), its block lists
@@ -79,15 +81,19 @@ def block_pairs(q_len: int, k_len: int, block_size: int, device=None) -> torch.T
 
 def top_blocks(mass: torch.Tensor, q_len: int, k_len: int, block_size: int, budget: float) -> torch.Tensor:
     """The oracle's selection: bool ``[B, Hq, nB, nB]``, per query head the blocks of highest score (``mass``, ``[B,
-    Hq, nB, nB]`` from `block_mass`, per pair of `block_pairs`) whose pairs stay within ``(1 − budget)`` of the call's
-    causal pairs; ties go to the lower row, then the lower column."""
+    Hq, nB, nB]`` from `block_mass`, per pair of `block_pairs`), each row's best block first, whose pairs stay within
+    ``(1 − budget)`` of the call's causal pairs; ties go to the lower row, then the lower column."""
     B, Hq, n, _ = mass.shape
-    pairs = block_pairs(q_len, k_len, block_size, mass.device).flatten()
-    candidate = pairs > 0  # the causal blocks of rows holding queries
-    ranked = torch.where(candidate, mass.flatten(2) / pairs.clamp(min=1), -1.0)  # [B, Hq, nB·nB]; densities >= 0
+    pairs = block_pairs(q_len, k_len, block_size, mass.device)
+    candidate = pairs > 0  # [nB, nB]: the causal blocks of rows holding queries
+    score = torch.where(candidate, mass / pairs.clamp(min=1), -1.0)  # [B, Hq, nB, nB]; scores of candidates >= 0
+    first = torch.zeros_like(candidate.expand_as(score)).scatter_(-1, score.argmax(-1, keepdim=True), True)
+    first &= candidate.any(-1)[:, None]  # each row's best block, ranked ahead of the others (one above the scores' 1)
+    ranked = (score + 2.0 * first).flatten(2)
     order = torch.argsort(ranked, dim=-1, descending=True, stable=True)
-    kept = torch.cumsum(pairs[order], -1) <= (1.0 - budget) * causal_pairs(q_len, k_len) + 0.5
-    take = kept & candidate[order]  # a prefix of the ranking: the pairs grow with every candidate
+    flat = pairs.flatten()
+    kept = torch.cumsum(flat[order], -1) <= (1.0 - budget) * causal_pairs(q_len, k_len) + 0.5
+    take = kept & candidate.flatten()[order]  # a prefix of the ranking: the pairs grow with every candidate
     return torch.zeros_like(take).scatter_(-1, order, take).view(B, Hq, n, n)
 
 

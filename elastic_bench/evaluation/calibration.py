@@ -240,20 +240,21 @@ def search(measure: Callable[[float], float], knob: SparsityKnob, target: float,
 def _bracket(f: Callable[[float], float], knob: SparsityKnob, target: float, start: float, low: float, high: float
              ) -> tuple[float | None, float | None]:
     """Values ``(a, b)`` around the target, ``f(a) <= target <= f(b)``, from ``start`` outward (a bounded end at once,
-    an unbounded one by doubling steps, given up after `MAX_DOUBLINGS` or once the measure stays the same for
-    `MAX_STALE` steps); None for the side that does not reach the target."""
+    an unbounded one by doubling steps, given up after `MAX_DOUBLINGS`, or once the measure, having moved, stays the
+    same for `MAX_STALE` steps); None for the side that does not reach the target."""
     sparser = 1.0 if knob.sparser == "higher" else -1.0
     if f(start) == target:
         return start, start
     outward = f(start) < target  # then look toward the sparser end for b, else toward the denser end for a
     end = (high if sparser > 0 else low) if outward else (low if sparser > 0 else high)
-    near, value, step, same = start, start, max(1.0, abs(start)), 0
+    near, value, step, same, moved = start, start, max(1.0, abs(start)), 0, False
     for _ in range(MAX_DOUBLINGS):
         value = _rounded(end if math.isfinite(end) else value + math.copysign(step, end - value), knob)
         step *= 2
         if (f(value) >= target) if outward else (f(value) <= target):
             return (near, value) if outward else (value, near)
-        same = same + 1 if f(value) == f(near) else 0
+        moved = moved or f(value) != f(start)
+        same = same + 1 if moved and f(value) == f(near) else 0
         if value == end or same >= MAX_STALE:
             break
         near = value
