@@ -1,5 +1,5 @@
-"""The oracle: the true attention's block masses and top-scoring blocks against brute-force references, dense attention at
-budget 0, and its ΩESR counted by the same code as every block-sparse method's."""
+"""The oracle: the true attention's block masses and top-scoring blocks against brute-force references, dense
+attention at budget 0, and its ΩESR counted by the same code as every block-sparse method's."""
 
 from __future__ import annotations
 
@@ -47,7 +47,8 @@ def brute_top(mass, q_len, k_len, bs, budget):
                 for c in range(r + 1):
                     if not queries[r]:
                         continue
-                    pairs = queries[r] * bs if c < r else sum(p - r * bs + 1 for p in range(first, k_len) if p // bs == r)
+                    diagonal = sum(p - r * bs + 1 for p in range(first, k_len) if p // bs == r)
+                    pairs = queries[r] * bs if c < r else diagonal
                     row.append([-float(mass[b, h, r, c]) / pairs, r, c, pairs])
                 if row:
                     min(row, key=lambda item: (item[0], item[2]))[0] -= 2.0  # the row's best block goes first
