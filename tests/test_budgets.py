@@ -1,6 +1,6 @@
-"""Budgets: the monotone knob search, the two-knob calibration, the folders and fingerprints of a budget run, and
-`elastic-bench calibrate` on the testbed (every method with a knob within the tolerance on held-out prompts, or failed
-with the reason; full on the same prompts)."""
+"""Budgets: the monotone knob search (targets met, steps, targets out of reach), the two-knob calibration, a method
+without a knob, the folders and fingerprints of a budget run, and `elastic-bench calibrate` on the testbed (every
+method with a knob within the tolerance on held-out prompts; full on the same prompts)."""
 
 from __future__ import annotations
 
@@ -92,40 +92,32 @@ def test_calibrate_command_refuses_bad_input_in_one_line(capsys, no_model):
     assert "streaming.local is the knob calibrate sets" in capsys.readouterr().err
 
 
-def test_calibrate_on_the_testbed_meets_every_reachable_budget_on_held_out_prompts(tmp_path, capsys):
-    """Every method with a knob, at ΩESR 0.3 and 0.6: the knob calibrated on two prompts of each task lands within the
-    tolerance on the two held-out ones, or the cell fails saying the budget is out of the knob's reach; full runs once
-    on the same held-out prompts; each cell records the split and its prefill taken apart."""
+def test_calibrate_on_the_testbed_meets_the_budget_on_held_out_prompts(tmp_path, capsys):
+    """Every method with a knob at ΩESR 0.3 (the testbed at 1K: a budget every knob reaches): calibrated on two
+    prompts, it lands within the tolerance on the two held-out ones; full runs once on the same held-out prompts;
+    every cell records the split and its prefill taken apart. (Budgets out of a knob's reach: the search's tests.)"""
     output = tmp_path / "run"
-    methods = "full,streaming,xattention,duo_attention,elastic,oracle"
-    code = cli.main(["calibrate", "--model", "testbed", "--methods", methods, "--tasks", "testbed_niah_single",
-                     "--lengths", "1K", "--limit", "2", "--calibration-samples", "2", "--budgets", "0.3,0.6",
-                     "--tolerance", "0.03", "--no-progress", "--output", str(output)])
+    methods = ["streaming", "xattention", "duo_attention", "elastic", "oracle"]
+    code = cli.main(["calibrate", "--model", "testbed", "--methods", ",".join(["full", *methods]), "--tasks",
+                     "testbed_niah_single", "--lengths", "1K", "--limit", "2", "--calibration-samples", "2",
+                     "--budgets", "0.3", "--no-progress", "--output", str(output)])
     printed = capsys.readouterr().out
-    assert code == 1 and "held out" in printed  # some budgets lie out of reach: those cells fail
-    folders = {p.name for p in (output / "testbed").iterdir()}
-    assert folders == {"full", *(f"{m}-esr={b}" for m in methods.split(",")[1:] for b in ("0.3", "0.6"))}
+    assert code == 0 and "held out" in printed
+    assert {p.name for p in (output / "testbed").iterdir()} == {"full", *(f"{m}-esr=0.3" for m in methods)}
     reference = Cell(output, "testbed", "full", "testbed_niah_single", 1024).metrics()
     assert reference["status"] == "complete" and reference["prediction_ids"] == ["2", "3"]
     assert reference["calibration"] == {"calibration_ids": {"testbed_niah_single": ["0", "1"]}}
-    for folder in folders - {"full"}:
-        metrics = Cell(output, "testbed", folder, "testbed_niah_single", 1024).metrics()
+    for method in methods:
+        metrics = Cell(output, "testbed", f"{method}-esr=0.3", "testbed_niah_single", 1024).metrics()
         record = metrics["calibration"]
-        assert record["calibration_ids"] == {"testbed_niah_single": ["0", "1"]} and record["tolerance"] == 0.03
-        if metrics["status"] == "complete":
-            assert metrics["prediction_ids"] == ["2", "3"]
-            assert abs(metrics["omega_esr"] - record["target"]) <= 0.03, folder  # on the held-out prompts
-            assert set(record["knobs"]) == {k.option for k in get_method(folder.split("-")[0]).knobs[:1]} or \
-                folder.startswith("duo_attention")
-            assert metrics["fingerprint"]["budget"] == {"measure": "omega_esr", "target": record["target"],
-                                                        "tolerance": 0.03}
-        else:
-            assert "out of reach" in metrics["error"], (folder, metrics["error"])
-    done = {f for f in folders if Cell(output, "testbed", f, "testbed_niah_single", 1024).is_complete()}
-    assert {"streaming-esr=0.3", "xattention-esr=0.3", "duo_attention-esr=0.3", "oracle-esr=0.3",
-            "streaming-esr=0.6", "duo_attention-esr=0.6", "oracle-esr=0.6"} <= done
-    # the testbed's router streams every head but the retrieval head: its ΩESR spans about 0.49-0.53
-    assert "elastic-esr=0.3" not in done and "xattention-esr=0.6" not in done
+        assert metrics["status"] == "complete" and metrics["prediction_ids"] == ["2", "3"], method
+        assert record["calibration_ids"] == {"testbed_niah_single": ["0", "1"]} and record["within_tolerance"]
+        assert abs(metrics["omega_esr"] - 0.3) <= record["tolerance"] == 0.02, method  # on the held-out prompts
+        assert metrics["fingerprint"]["budget"] == {"measure": "omega_esr", "target": 0.3, "tolerance": 0.02}
+        assert get_method(method).knobs[0].option in record["knobs"]
+        assert get_method(method).knobs[0].option not in metrics["fingerprint"]["method_options"]
+    assert Cell(output, "testbed", "elastic-esr=0.3", "testbed_niah_single", 1024).metrics()["calibration"][
+        "knobs"]["margin"] < 0  # the testbed's router streams most heads: a negative margin sends more to full
     record = json.loads((output / "testbed/oracle-esr=0.3/testbed_niah_single/1024/predictions.jsonl").read_text()
                         .splitlines()[0])
     assert set(record["prefill_parts"]) == {"model", "routing", "estimation", "planning", "accounting", "attention"}
