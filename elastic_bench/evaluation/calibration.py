@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -294,10 +293,13 @@ def calibrate(model, method: Method, budget: Budget, prompts: list[list[int]], b
     if not method.knobs:
         found.error = f"{method.name} has no sparsity knob: it cannot be calibrated to a budget"
         return found
-    fixed: dict[str, float] = {}
+    fixed: dict[str, float] = {}  # the first knob's value while the second is searched
+    known: dict[float, float] = {}  # the second knob's measures already taken (at its default, by the first search)
 
     def measure_at(knob: SparsityKnob) -> Callable[[float], float]:
         def at(value: float) -> float:
+            if fixed and value in known:
+                return known[value]
             options = {**fixed, knob.option: value}
             result = measured(model, dataclasses.replace(method, **options), prompts, budget.measure, backend)
             found.tried.append((options, result))
@@ -323,6 +325,7 @@ def calibrate(model, method: Method, budget: Budget, prompts: list[list[int]], b
     back_to_target = reached >= budget.target  # then the second knob moves toward denser
     bounds = (start, None) if denser_high == back_to_target else (None, start)
     fixed[first.option] = held
+    known[start] = reached
     search(measure_at(second), second, budget.target, budget.tolerance, start, *bounds)
     _choose(found)
     return found
@@ -355,10 +358,6 @@ def describe(calibration: Calibration, label: str, length: int) -> str:
     outcome = f"error: {calibration.error}" if calibration.error else "within tolerance"
     return (f"calibrated {label} at {length} tokens: {knobs} → {calibration.achieved:.4f} on the calibration prompts "
             f"({len(calibration.tried)} evaluations; {outcome})")
-
-
-def report_line(text: str) -> None:
-    print(f"elastic-bench: {text}", file=sys.stderr)
 
 
 def held_out_table(rows: list[dict[str, Any]], output: str) -> str:
