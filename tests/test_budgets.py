@@ -133,3 +133,19 @@ def test_calibrate_on_the_testbed_meets_the_budget_on_held_out_prompts(tmp_path,
     assert set(record["prefill_parts"]) == {"model", "routing", "estimation", "planning", "accounting", "attention"}
     assert record["prefill_parts"]["estimation"] > 0 and record["prefill_parts"]["attention"] > 0
     assert "prefill_unexplained" in Cell(output, "testbed", "oracle-esr=0.3", "testbed_niah_single", 1024).metrics()
+
+
+def test_a_calibration_that_fails_fails_its_cells_and_the_run_goes_on(tmp_path, capsys):
+    gates = tmp_path / "full_attention_heads.tsv"
+    gates.write_text("0.1\t0.2\t0.3\n0.4\t0.5\t0.6\n0.7\t0.8\t0.9\n")  # 3 × 3: not the testbed's 6 layers × 2 heads
+    output = tmp_path / "run"
+    code = cli.main(["calibrate", "--model", "testbed", "--methods", "duo_attention", "-O",
+                     f"duo_attention.pattern={gates}", "--tasks", "testbed_niah_single", "--lengths", "1K", "--limit",
+                     "1", "--calibration-samples", "1", "--budgets", "0.4,0.5", "--no-progress", "--output",
+                     str(output)])
+    assert code == 1
+    for budget in ("0.4", "0.5"):
+        folder = next((output / "testbed").glob(f"duo_attention-esr={budget}-pattern=*"))
+        metrics = Cell(output, "testbed", folder.name, "testbed_niah_single", 1024).metrics()
+        assert metrics["status"] == "failed" and "3 layers × 3 KV heads" in metrics["error"]
+        assert metrics["error"].startswith("calibration: ValueError")

@@ -329,7 +329,10 @@ def _run(config: RunConfig, held: Path, budgets: BudgetConfig | None = None) -> 
                                          task, samples)
                     failure = error
                     if not failure and budgets is not None:
-                        inputs, failure = split.calibrated(inputs, label, entries[label][1])
+                        try:
+                            inputs, failure = split.calibrated(inputs, label, entries[label][1])
+                        except Exception as err:  # noqa: BLE001  (a failed calibration fails its cell, as a cell)
+                            failure = f"calibration: {type(err).__name__}: {err}"
                     if not failure:
                         _run_cell(inputs)
                     elif ranks.is_main:
