@@ -14,6 +14,10 @@ Design decisions:
   sparsity and KV bytes are those of batch 1. Follow-up turns (chain of thought) run alone.
 - Under ``torchrun`` every rank (one GPU each) takes every W-th remaining sample of a cell; rank 0 merges the
   predictions and writes the metrics.
+- Every timed prefill is taken apart (`elastic_bench.kernels.timing.PARTS`: ``prefill_parts`` per prediction, their
+  means and the unexplained remainder per cell).
+- With budgets (`elastic-bench calibrate`, `elastic_bench.evaluation.calibration`) every method but ``full`` is one
+  configuration per budget; a task's first samples at a length calibrate its knob, the next ones are its cells'.
 - A cell that fails (out of memory, a malformed record, a missing corpus) is recorded as failed with its error; the
   run goes on. Complete cells are skipped; interrupted cells resume from their last written prediction.
 """
