@@ -204,8 +204,10 @@ def budget_plot(reference: Budgeted | None, budgeted: list[Budgeted], comparison
 
     def paint(fig):
         ax = fig.add_subplot()
-        methods = dict.fromkeys(b.config.method_name for b in budgeted)
-        for method in methods:
+        methods = list(dict.fromkeys(b.config.method_name for b in budgeted))
+        targets = [b.target for b in budgeted]
+        shift = 0.01 * max(max(targets) - min(targets), 0.1)  # methods side by side at a budget: no bar hides another
+        for i, method in enumerate(methods):
             mine = sorted((b for b in budgeted if b.config.method_name == method), key=lambda b: b.target)
             points = []
             for b in mine:
@@ -214,6 +216,7 @@ def budget_plot(reference: Budgeted | None, budgeted: list[Budgeted], comparison
                 points.append((b.target, float(scores.mean()), low, high))
             colour, marker = look[mine[0].label]
             x, y, low, high = (np.array(v) for v in zip(*points))
+            x = x + (i - (len(methods) - 1) / 2) * shift
             ax.errorbar(x, y, yerr=[y - low, high - y], color=colour, marker=marker, capsize=3,
                         lw=2.2 if method == ORACLE else 1.4, label=method)
         if reference is not None:
@@ -224,7 +227,8 @@ def budget_plot(reference: Budgeted | None, budgeted: list[Budgeted], comparison
 
     return Plot(f"{key}-equal-budgets", "Score at equal budgets",
                 "Mean score of every method at each budget it reached (bars: 95% bootstrap intervals over its "
-                "samples); dashed: full attention on the same held-out prompts.", _draw(9, 4.8, paint))
+                "samples; the methods drawn side by side around each budget); dashed: full attention on the same "
+                "held-out prompts.", _draw(9, 4.8, paint))
 
 
 def _mean_interval(scores: np.ndarray) -> tuple[float, float]:
