@@ -65,11 +65,13 @@ def _block_sparse_pairs(plan: HeadPlan, q_len: int, k_len: int) -> tuple[torch.T
     sel, bs = plan.blocks, plan.block_size
     B, Hq, nQ = sel.shape
     device = sel.counts.device
-    p = torch.arange(k_len - q_len, k_len, device=device)
+    p = torch.arange(k_len - q_len, k_len)  # on the host, as what depends on the shapes alone: no device sync
     rows = p // bs
-    q_per_row = torch.bincount(rows, minlength=nQ).to(torch.float64)[:nQ]
-    diag_per_row = torch.bincount(rows, weights=(p - rows * bs + 1).to(torch.float64), minlength=nQ)[:nQ]
-    entry_row = torch.repeat_interleave(torch.arange(B * Hq * nQ, device=device), sel.counts.flatten().long())
+    q_per_row = torch.bincount(rows, minlength=nQ).to(torch.float64)[:nQ].to(device, non_blocking=True)
+    diag_per_row = torch.bincount(rows, weights=(p - rows * bs + 1).to(torch.float64), minlength=nQ)[:nQ].to(
+        device, non_blocking=True)
+    entry_row = torch.repeat_interleave(torch.arange(B * Hq * nQ, device=device), sel.counts.flatten().long(),
+                                        output_size=sel.indices.numel())
     r, c = entry_row % nQ, sel.indices.long()
     below = (c < r).to(torch.float64)
     on_diag = c == r
@@ -91,11 +93,11 @@ def pair_counts(plan: HeadPlan, q_len: int, k_len: int, num_query_heads: int) ->
     total = causal_pairs(q_len, k_len)
     attended = torch.full((B, H), float(total), dtype=torch.float64, device=modes.device)
     attended_last = torch.full((B, H), float(k_len if q_len else 0), dtype=torch.float64, device=modes.device)
-    if plan.has(Mode.STREAMING):
-        pairs, last = streaming_pairs(q_len, k_len, plan.streaming, plan.block_size)
-        attended = torch.where(modes == Mode.STREAMING, float(pairs), attended)
-        attended_last = torch.where(modes == Mode.STREAMING, float(last), attended_last)
-    if plan.has(Mode.BLOCK_SPARSE):
+    # what the modes select is taken on the device, never read on the host (device modes would synchronise)
+    pairs, last = streaming_pairs(q_len, k_len, plan.streaming, plan.block_size)
+    attended = torch.where(modes == Mode.STREAMING, float(pairs), attended)
+    attended_last = torch.where(modes == Mode.STREAMING, float(last), attended_last)
+    if plan.blocks is not None:  # present wherever a head is BLOCK_SPARSE
         sparse, sparse_last = _block_sparse_pairs(plan, q_len, k_len)
         is_sparse = modes == Mode.BLOCK_SPARSE
         attended = torch.where(is_sparse, sparse.view(B, H, G).mean(-1), attended)

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from elastic_bench.kernels import HeadPlan, Mode, hybrid_attention
-from elastic_bench.modeling.interface import AttentionCall, Method, register_method
+from elastic_bench.modeling.interface import AttentionCall, Method, SparsityKnob, register_method
 from elastic_bench.modeling.tensor_parallel import kv_heads, tensor_parallel
 
 from .modes import OFFICIAL_XA_THRESHOLD, PAPER_XA_THRESHOLD
@@ -97,6 +97,9 @@ class Elastic(Method):
             official evaluation code of the released FA-XA / XA-SSA routers uses); None: the checkpoint's (0.9 by
             default).
         seed: initialisation seed of fresh routers.
+        margin: a KV head goes to the full side where its full-side logit exceeds the sparse side's by more than this
+            (a one-logit router: where its logit exceeds it); 0 is the argmax, the paper's rule. A larger margin sends
+            more heads to the sparse side: the knob `elastic-bench calibrate` sets for a budget.
         sparse_decode: decode steps of heads routed to streaming see only sink + window, so an evicting KV cache keeps
             nothing else for them (an extension; upstream decodes densely). Heads routed FULL or to XAttention decode
             densely.
@@ -109,9 +112,11 @@ class Elastic(Method):
     granularity: Literal["token", "block"] | None = None
     xa_threshold: float | Literal["paper", "official"] | None = None
     seed: int = 0
+    margin: float = 0.0
     sparse_decode: bool = False
 
     needs_pre_rope_keys = True
+    knobs = (SparsityKnob("margin", "higher"),)
 
     def __post_init__(self):
         from elastic_bench.method.checkpoint import check_router_dir
@@ -251,7 +256,7 @@ class Elastic(Method):
             return self._training_plan(call, call.training_route)
         router = self.routers[call.layer_idx]
         with torch.no_grad():
-            full_side = router.decide(router(call.pre_rope_keys))
+            full_side = router.decide(router(call.pre_rope_keys), self.margin)
         layer = self._decided.setdefault(call.layer_idx, {})
         for row, sample in enumerate(call.sample_ids):
             layer[sample] = full_side[row]

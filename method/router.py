@@ -102,8 +102,10 @@ class AttentionRouter(nn.Module):
         return self.cls_router_head_agnostic(self.cls_feat_extractor(pooled))
 
     @staticmethod
-    def decide(logits: torch.Tensor) -> torch.Tensor:
-        """Deterministic inference decision ``[B, H]`` (bool, True = full side) from logits ``[B, H, 1 or 2]``."""
+    def decide(logits: torch.Tensor, margin: float = 0.0) -> torch.Tensor:
+        """Deterministic inference decision ``[B, H]`` (bool, True = full side) from logits ``[B, H, 1 or 2]``: the
+        full side where its logit exceeds the sparse side's by more than ``margin`` (one logit: where it exceeds
+        ``margin``); ``margin`` 0 is the argmax (a tie goes to the sparse side)."""
         if logits.shape[-1] == 1:
-            return logits[..., 0] > 0
-        return logits.argmax(dim=-1) == FULL_INDEX
+            return logits[..., 0] > margin
+        return logits[..., FULL_INDEX] - logits[..., 1 - FULL_INDEX] > margin

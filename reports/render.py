@@ -4,9 +4,9 @@ self-contained page: jinja2, plots embedded as ``data:`` URIs, sortable tables, 
 Design decisions:
 - Both files show the same tables in the same order, grouped under the same headings: summary and frontiers,
   adaptive sparsity and routing, the published figures a configuration reproduces or is compared with, the sparsity
-  within δ of full attention, one group per benchmark, paired differences, configurations (the legend of labels),
-  then the excluded, outside-the-protocol, in-distribution and failed cells, failures folded once per distinct error
-  message.
+  within δ of full attention, the comparison at equal budgets and the prefill taken apart (`budgets`), one group
+  per benchmark, paired differences, configurations (the legend of labels), then the excluded,
+  outside-the-protocol, in-distribution and failed cells, failures folded once per distinct error message.
 - Each comparison states its protocol once in full (`Protocol.describe`), each benchmark group its benchmark's
   declaration, and every table's title names the protocol it shows. A value computed from an in-distribution cell
   carries its mark in both files; the HTML page prints the values of cells scored under ``--allow-in-distribution``
@@ -30,7 +30,7 @@ import pandas as pd
 
 from elastic_bench.foundation.files import atomic_path, write_text
 
-from . import plots, tables
+from . import budgets, plots, tables
 from .collect import CellResult
 from .free_sparsity import DELTA, free_sparsity
 from .labels import folder_label, ran_with
@@ -75,6 +75,8 @@ def groups(comparison: Comparison, delta: float = DELTA) -> list[Group]:
     if free := free_sparsity(comparison, delta):
         found.append(Group(f"{base}-free-sparsity", "Sparsity within δ of full attention",
                            [tables.free_sparsity_table(free, comparison.protocol.name)]))
+    found += [Group(f"{base}-{slug(s.heading)}", s.heading, s.tables, s.plots, s.notes)
+              for s in budgets.sections(comparison, base)]
     for name, benchmark_tables in tables.benchmark_tables(comparison):
         curve = plots.length_curves(comparison, name, base)
         declared = comparison.protocol.benchmark(name).describe()

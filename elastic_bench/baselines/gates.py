@@ -43,7 +43,7 @@ from torch import nn
 
 from elastic_bench.foundation.files import read_table
 from elastic_bench.kernels import HeadPlan, Mode, StreamingGeometry
-from elastic_bench.modeling.interface import AttentionCall, Method
+from elastic_bench.modeling.interface import AttentionCall, Method, SparsityKnob
 from elastic_bench.modeling.tensor_parallel import kv_heads
 
 GATES_FILE = "full_attention_heads.tsv"  # DuoAttention's name, inside a pattern folder
@@ -169,6 +169,9 @@ class HeadGates(Method):
     prefill: Prefill = "one-shot"
     chunk_size: int = 32000  # DuoAttention's scripts/niah.sh and scripts/efficiency.sh: --prefilling_chunk_size 32000
 
+    # the share of streaming heads, then their window (a head's step of sparsity can be coarser than a budget's
+    # tolerance on a model with few heads)
+    knobs = (SparsityKnob("sparsity", "higher", low=0.0, high=1.0), SparsityKnob("local", "lower", low=1, integer=True))
     duo_patterns: ClassVar[bool] = True  # whether "auto" may take a shipped DuoAttention pattern
     decoded_prompt_tokens: ClassVar[int] = 0  # last prompt tokens upstream's chunked evaluation feeds one at a time
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from elastic_bench.kernels import HeadPlan, Mode, StreamingGeometry
-from elastic_bench.modeling.interface import AttentionCall, Method, register_method
+from elastic_bench.modeling.interface import AttentionCall, Method, SparsityKnob, register_method
 
 
 @register_method("streaming")
@@ -28,6 +28,8 @@ class Streaming(Method):
     local: int = 2048
     granularity: Literal["token", "block"] = "token"
     sparse_decode: bool = False
+
+    knobs = (SparsityKnob("local", "lower", low=1, integer=True),)
 
     def __post_init__(self):
         if self.sink < 0:

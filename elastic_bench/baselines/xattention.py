@@ -24,7 +24,7 @@ from torch import nn
 from elastic_bench.foundation.files import read_table
 from elastic_bench.kernels import HeadPlan, Mode, xattention_select
 from elastic_bench.kernels.xattention import Rule
-from elastic_bench.modeling.interface import AttentionCall, Method, register_method
+from elastic_bench.modeling.interface import AttentionCall, Method, SparsityKnob, register_method
 from elastic_bench.modeling.tensor_parallel import query_heads
 
 DEFAULT_THRESHOLD = 0.9  # the Elastic paper's τ, and the default of upstream's standalone estimate
@@ -67,6 +67,8 @@ class XAttention(Method):
     block_size: int = 128
     thresholds: str | None = None
     rule: Rule = "upstream"
+
+    knobs = (SparsityKnob("threshold", "lower", low=0.0, high=1.0),)
 
     def __post_init__(self):
         if not 0.0 <= self.threshold <= 1.0:  # NaN fails too

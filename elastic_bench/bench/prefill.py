@@ -22,9 +22,13 @@ Design decisions:
 - ``duo_attention``: the gates of ``--pattern``, or seeded uniform gates written as a temporary
   ``full_attention_heads.tsv``; binarised at ``sparsity = --omega-msr`` either way, so every method with a static
   head split streams the same share of heads.
-- Routing time: the method's ``plan`` is wrapped (`PlanTimer`), each call bracketed by CUDA events (perf_counter on
-  the CPU); a forward's routing time is the sum over its layers, reported as the median over the timed forwards.
-  For the XA modes the estimation inside the plan is reported as well.
+- Each timed forward through `elastic_bench.apply` is taken apart (``apply(..., time_parts=True)``,
+  `elastic_bench.kernels.timing.PARTS`: the model, the method's routing, estimation and planning, the harness's pair
+  accounting, the attention kernels; CUDA events, no synchronisation, on the GPU; perf_counter on the CPU): a record
+  holds each part's mean over the timed forwards (``parts_s``) and what they leave of the forward's mean
+  (``unexplained_s``); its ``routing_seconds`` is the median of routing, estimation and planning together, its
+  ``estimation_seconds`` that of the estimation (XAttention's scoring and selection). Under tensor parallelism the
+  parts are rank 0's.
 - Timing: at each length every method's untimed warm-up forward (it compiles the Triton kernels), then ``--repeats``
   rounds of one timed forward per method in turn, so a drift of the device over the sweep (its clock and temperature
   under the power limit) reaches every method alike rather than the methods timed last. Each forward runs inside its
@@ -53,7 +57,7 @@ import os
 import statistics
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, get_args
@@ -62,7 +66,7 @@ import torch
 
 from elastic_bench.bench import formatted, with_provenance, with_router
 from elastic_bench.kernels import BlockSelection, HeadPlan, Mode, sample_means
-from elastic_bench.kernels.timing import DeviceTimer
+from elastic_bench.kernels.timing import PARTS, DeviceTimer, unexplained
 from elastic_bench.method.modes import ModeConfig, ModeName
 from elastic_bench.modeling.attention import attention_implementation
 from elastic_bench.modeling.interface import AttentionCall, Method
@@ -178,10 +182,9 @@ class Stopwatch:
         return found
 
 
-class PlanTimer:
-    """Wraps ``method.plan`` (an instance attribute that shadows the class's method, removed by `remove`): every call
-    is a ``plan`` span of the stopwatch, and in the warm-up forward the key blocks the BLOCK_SPARSE heads keep are
-    counted (`density`)."""
+class BlockCounter:
+    """Wraps ``method.plan`` (an instance attribute that shadows the class's method, removed by `remove`): in the
+    warm-up forward the key blocks the BLOCK_SPARSE heads keep are counted (`density`)."""
 
     def __init__(self, method: Method, stopwatch: Stopwatch):
         self.method, self.stopwatch = method, stopwatch
@@ -190,8 +193,7 @@ class PlanTimer:
         method.plan = self
 
     def __call__(self, call: AttentionCall) -> HeadPlan:
-        with self.stopwatch.span("plan"):
-            plan = self.inner(call)
+        plan = self.inner(call)
         if self.stopwatch.forward is None and plan.blocks is not None and call.phase == "prefill":
             self._count(plan, call.query.shape[1])
         return plan
@@ -244,10 +246,8 @@ class SeededModes(Method):
             raise ValueError(f"{self.name}.omega_msr must lie in [0, 1], got {self.omega_msr}")
         if self.density is not None and not 0.0 < self.density <= 1.0:
             raise ValueError(f"{self.name}.density must lie in (0, 1], got {self.density}")
-        self.stopwatch: Stopwatch | None = None  # set by the benchmark: the estimation becomes a span of its own
         self.full_side: torch.Tensor | None = None  # [L, H] bool, set by setup
         self._full_side: dict[int, torch.Tensor] = {}  # layer_idx -> [H] bool on the model's device
-        self._estimates: dict[int, bool] = {}  # layer_idx -> whether the layer has a BLOCK_SPARSE head
         # (layer_idx, B, Lk) -> random blocks, kept across `apply` contexts (the benchmark enters one per forward)
         self._blocks: dict[tuple[int, int, int], BlockSelection] = {}
 
@@ -261,18 +261,13 @@ class SeededModes(Method):
         full_side[order[: round(self.omega_msr * layers * heads)]] = False
         self.full_side = full_side.view(layers, heads)
         device = next(model.parameters()).device
-        full_mode, sparse_mode = self.config.sides
         for row, module in enumerate(modules):
             mine = self.full_side[row, kv_heads(module)]  # the KV heads this rank holds (all of them without --tp)
             self._full_side[module.layer_idx] = mine.to(device)
-            modes = torch.where(mine, int(full_mode), int(sparse_mode))
-            self._estimates[module.layer_idx] = bool((modes == Mode.BLOCK_SPARSE).any())
 
     def prefill_plan(self, call: AttentionCall) -> HeadPlan:
         full_side = self._full_side[call.layer_idx].expand(call.batch_size, -1)
-        timed = self._estimates[call.layer_idx] and self.stopwatch is not None
-        with self.stopwatch.span("estimation") if timed else nullcontext():
-            plan = self.config.plan(full_side, call.query, call.key)
+        plan = self.config.plan(full_side, call.query, call.key)  # the XAttention estimation marks its own part
         if self.density is not None and plan.blocks is not None:
             plan = dataclasses.replace(plan, blocks=self._random_blocks(call))
         return plan
@@ -467,13 +462,12 @@ class _Entry:
         self.name, self.model, self.ids, self.cfg, self.device = name, model, ids, cfg, device
         self.stopwatch = Stopwatch(device)
         self.method: Method | None = None
-        self.timer: PlanTimer | None = None
+        self.counter: BlockCounter | None = None
         if name not in ("floor", "sdpa"):
             self.method = build_method(name, model, cfg, scratch)
-            if isinstance(self.method, SeededModes):
-                self.method.stopwatch = self.stopwatch
-            self.timer = PlanTimer(self.method, self.stopwatch)
+            self.counter = BlockCounter(self.method, self.stopwatch)
         self.per_sample: list[dict[str, float]] = []
+        self.parts: list[dict[str, float]] = []  # each timed forward's parts (`MethodHandle.prefill_parts`)
         self.backends: dict[str, int] = {}
         self.method_stats: dict[str, Any] = {}  # the method's own statistics, from its last timed forward
         self.peak_gib = 0.0
@@ -491,7 +485,7 @@ class _Entry:
             return
         from elastic_bench.modeling.attention import apply
 
-        with apply(self.method, self.model, backend=self.cfg.backend) as handle:
+        with apply(self.method, self.model, backend=self.cfg.backend, time_parts=True) as handle:
             yield handle
 
     @contextmanager
@@ -527,14 +521,15 @@ class _Entry:
                 self.peak_gib = max(self.peak_gib, torch.cuda.max_memory_allocated(self.device) / 2**30)
             if handle is not None:
                 stats = handle.stats()
+                self.parts += handle.prefill_parts()
                 self.per_sample += stats["per_sample"]
                 for backend, calls in stats["prefill_backends"].items():
                     self.backends[backend] = self.backends.get(backend, 0) + calls
                 self.method_stats = {k: v for k, v in stats.items() if k not in STAT_KEYS}
 
     def close(self) -> None:
-        if self.timer is not None:
-            self.timer.remove()
+        if self.counter is not None:
+            self.counter.remove()
 
     def record(self) -> dict[str, Any]:
         """The timings and statistics of the timed forwards."""
@@ -551,7 +546,8 @@ class _Entry:
         if self.method is None:  # floor: every pair skipped; sdpa: every pair computed
             return {**record, "omega_msr": float(self.name == "floor"), "omega_esr": float(self.name == "floor")}
         means = sample_means(self.per_sample)
-        routing = statistics.median(spans.get("plan", [0.0] * repeats))
+        parts = {name: statistics.mean(p[name] for p in self.parts) for name in PARTS}
+        routing = statistics.median(p["routing"] + p["estimation"] + p["planning"] for p in self.parts)
         record.update({
             "omega_msr": means["omega_msr"],
             "omega_esr": means["omega_esr"],
@@ -559,12 +555,14 @@ class _Entry:
             "prefill_backends": self.backends,
             "routing_seconds": routing,
             "routing_fraction": routing / record["median_s"],
+            "parts_s": parts,
+            "unexplained_s": unexplained(record["mean_s"], parts),
             "options": self.method.options(),
             "method_stats": self.method_stats,
         })
-        if "estimation" in spans:
-            record["estimation_seconds"] = statistics.median(spans["estimation"])
-        density = self.timer.density(shard)
+        if parts["estimation"] > 0:
+            record["estimation_seconds"] = statistics.median(p["estimation"] for p in self.parts)
+        density = self.counter.density(shard)
         if density is not None:
             record["block_density"] = density
         if self.name == "elastic":
@@ -576,8 +574,7 @@ class _Entry:
 
 def slowest(per_rank: list[dict[str, list[float]]]) -> dict[str, list[float]]:
     """The spans of the ranks of one model (`Stopwatch.totals` of each) merged: per name and timed forward, the slowest
-    rank's seconds (a name some ranks lack, such as the estimation of a rank without BLOCK_SPARSE heads, from the
-    ranks that have it)."""
+    rank's seconds (a name some ranks lack from the ranks that have it)."""
     names = dict.fromkeys(name for spans in per_rank for name in spans)
     return {name: [max(column) for column in zip(*(spans[name] for spans in per_rank if name in spans))]
             for name in names}
@@ -639,4 +636,20 @@ def format_table(report: dict[str, Any]) -> str:
             f"{cell('routing_fraction', '.1f', 100):>6} {_backend_label(r):14} {cell('peak_gib', '.1f'):>6}  "
             + ", ".join(notes)
         )
-    return with_provenance(lines, report)
+    return with_provenance(lines + parts_table(report["results"]), report)
+
+
+def parts_table(records: list[dict[str, Any]]) -> list[str]:
+    """The lines of the prefill taken apart: per method and length run through `apply`, the mean milliseconds of each
+    part (`PARTS`) and of what they leave of the forward (``unexplained``, also as a share of the forward)."""
+    parted = [r for r in records if "parts_s" in r]
+    if not parted:
+        return []
+    head = f"{'length':>7} {'method':14} " + " ".join(f"{name:>10}" for name in PARTS) + f" {'unexpl.':>8} {'%':>5}"
+    lines = ["", "prefill taken apart (mean ms per timed forward; unexpl.: the forward's mean less the parts' sum)",
+             head, "-" * len(head)]
+    for r in parted:
+        parts = " ".join(f"{1000 * r['parts_s'][name]:>10.2f}" for name in PARTS)
+        lines.append(f"{r['length']:>7} {r['method']:14} {parts} {1000 * r['unexplained_s']:>8.2f} "
+                     f"{100 * r['unexplained_s'] / r['mean_s']:>5.1f}")
+    return lines

@@ -1,5 +1,5 @@
-"""The evaluation commands: ``run``, ``demo``, ``report``, ``compare``, ``methods``, ``tasks`` and ``lm-eval``
-(`elastic_bench.foundation.commands` records; their heavy imports happen inside the handlers).
+"""The evaluation commands: ``run``, ``calibrate``, ``demo``, ``report``, ``compare``, ``methods``, ``tasks`` and
+``lm-eval`` (`elastic_bench.foundation.commands` records; their heavy imports happen inside the handlers).
 
 ``report`` and ``compare`` render with `elastic_bench.reports`; they are declared here because importing that
 package loads pandas and seaborn, which ``elastic-bench --help`` must not wait for.
@@ -26,7 +26,8 @@ from elastic_bench.testbed import STREAMING_LOCAL, STREAMING_SINK
 
 @dataclass
 class DemoConfig:
-    """``elastic-bench demo``: every registered method on the testbed tasks with the shipped testbed model.
+    """``elastic-bench demo``: every registered method but the oracle on the testbed tasks with the shipped testbed
+    model.
 
     Attributes:
         output: run folder.
@@ -135,6 +136,23 @@ def _run(command: Command, args: argparse.Namespace) -> int:
     return 0 if all(r["status"] == "complete" for r in rows) else 1
 
 
+def _calibrate(command: Command, args: argparse.Namespace) -> int:
+    from elastic_bench.evaluation.calibration import held_out_table
+    from elastic_bench.evaluation.runner import run
+    from elastic_bench.evaluation.terminal import format_rows
+
+    check_folder_output(args.output)  # as `run`: the checks that need no torch first
+    config, budgets = command.configs_from(args, method_options=_merged_method_options(args))
+    from elastic_bench.modeling.loading import check_device
+
+    check_device(config.device)
+    rows = run(config, budgets)
+    if os.environ.get("RANK", "0") == "0":
+        print(format_rows(rows, config.output))
+        print("\n" + held_out_table(rows, config.output))
+    return 0 if all(r["status"] == "complete" for r in rows) else 1
+
+
 def _run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML file of RunConfig fields; flags given with it override its values")
     parser.add_argument("-O", "--method-option", action="append", default=[], metavar="METHOD.OPTION=VALUE",
@@ -197,8 +215,9 @@ def _demo(command: Command, args: argparse.Namespace) -> int:
     # The testbed ships its retrieval-head gates (duo_attention / prulong find them) and its router (elastic). The
     # router was trained on the testbed's four task generators, the only tasks the testbed model knows: the demo
     # scores it on them in-distribution, and its cells say so (docs/testbed.md, "The demo's cells").
+    # The oracle is the reference of a budget (`calibrate`), no method to deploy.
     config = RunConfig(
-        model="testbed", methods=method_names(),
+        model="testbed", methods=[name for name in method_names() if name != "oracle"],
         method_options={"streaming": {"sink": STREAMING_SINK, "local": STREAMING_LOCAL}}, tasks=["testbed"],
         lengths=demo.lengths, limit=demo.limit, output=demo.output, allow_in_distribution=True,
     )
@@ -386,11 +405,27 @@ COMMANDS = (
         arguments=_run_arguments, file_defaults=_run_file_defaults,
     ),
     Command(
+        "calibrate", "evaluate methods at equal budgets: each knob calibrated to a requested ΩESR, then held out",
+        "For every budget of --budgets, calibrate each method's sparsity knob (streaming's window, DuoAttention's and "
+        "PruLong's share of streaming heads then their window, XAttention's threshold, Elastic's router margin, the "
+        "oracle's budget) per length so that its mean ΩESR (--measure omega_msr: ΩMSR) on the calibration split lies "
+        "within --tolerance of the budget, then evaluate it there on the held-out prompts, beside full attention on "
+        "the same prompts. Per task and length the first --calibration-samples samples calibrate (every task's "
+        "pooled at a length; only prefills, no generation) and the next --limit are evaluated. Cells go to "
+        "OUTPUT/<model>/<method>-esr=<budget>/<task>/<length>/ and record the knob values, the measure they reach on "
+        "the calibration and held-out prompts, and the split; a method whose knob cannot reach a budget, or that has "
+        "no knob, has its cells failed with the reason. Takes the options of `run`.",
+        _calibrate, configs=("elastic_bench.evaluation.runner:RunConfig",
+                             "elastic_bench.evaluation.calibration:BudgetConfig"),
+        skipped=("method_options",), arguments=_run_arguments, file_defaults=_run_file_defaults,
+    ),
+    Command(
         "demo", "a small fixed run on the embedded testbed model",
-        "Evaluate every registered method on the testbed tasks (sparsity-sensitive and sparsity-robust needle and "
-        "copy tasks) at 1K-4K tokens with the testbed model shipped in the package, on the CPU in a few minutes, "
-        "render the report and print where the results are. The shipped router was trained on these very tasks "
-        "(the only ones the testbed model knows): its cells are scored in-distribution and marked so.",
+        "Evaluate every registered method but the oracle on the testbed tasks (sparsity-sensitive and "
+        "sparsity-robust needle and copy tasks) at 1K-4K tokens with the testbed model shipped in the package, on "
+        "the CPU in a few minutes, render the report and print where the results are. The shipped router was "
+        "trained on these very tasks (the only ones the testbed model knows): its cells are scored "
+        "in-distribution and marked so.",
         _demo, configs=(DemoConfig,),
     ),
     Command(

@@ -14,6 +14,10 @@ Design decisions:
   sparsity and KV bytes are those of batch 1. Follow-up turns (chain of thought) run alone.
 - Under ``torchrun`` every rank (one GPU each) takes every W-th remaining sample of a cell; rank 0 merges the
   predictions and writes the metrics.
+- Every timed prefill is taken apart (`elastic_bench.kernels.timing.PARTS`: ``prefill_parts`` per prediction, their
+  means and the unexplained remainder per cell).
+- With budgets (`elastic-bench calibrate`, `elastic_bench.evaluation.calibration`) every method but ``full`` is one
+  configuration per budget; a task's first samples at a length calibrate its knob, the next ones are its cells'.
 - A cell that fails (out of memory, a malformed record, a missing corpus) is recorded as failed with its error; the
   run goes on. Complete cells are skipped; interrupted cells resume from their last written prediction.
 """
@@ -21,6 +25,7 @@ Design decisions:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import statistics
@@ -35,6 +40,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 
 from elastic_bench import tasks as task_registry
+from elastic_bench.evaluation import calibration
+from elastic_bench.evaluation.calibration import Budget, BudgetConfig, Calibration
 from elastic_bench.evaluation.held_out import artifact_provenance, in_distribution, refuse_in_distribution
 from elastic_bench.evaluation.presets import applies, get_preset
 from elastic_bench.evaluation.presets import label as preset_label
@@ -219,10 +226,15 @@ class _CellInputs:
     fingerprint: dict[str, Any]
     task: Task
     samples: list[Sample]
+    calibration: dict[str, Any] | None = None  # with budgets: the split, and the calibration of the cell's method
 
 
-def run(config: RunConfig) -> list[dict[str, Any]]:
+def run(config: RunConfig, budgets: BudgetConfig | None = None) -> list[dict[str, Any]]:
     """Run every cell of ``config`` not yet complete; return one summary row per cell.
+
+    With ``budgets`` (`elastic-bench calibrate`), every method but ``full`` is one configuration per budget, its knob
+    calibrated per length on the calibration split of the samples and its cells evaluated on the held-out ones
+    (`elastic_bench.evaluation.calibration`).
 
     The model spec is resolved once (`elastic_bench.modeling.loading.resolve_model`); the methods' learned files are
     read once, into a private folder that lives as long as the run (`_held`). The output folder is locked for the run
@@ -231,10 +243,10 @@ def run(config: RunConfig) -> list[dict[str, Any]]:
     whose files cannot be trusted (`Cell.verify`) is computed again (``strict``: stops the run).
     """
     with tempfile.TemporaryDirectory(prefix="elastic-bench-held-") as held:
-        return _run(config, Path(held))
+        return _run(config, Path(held), budgets)
 
 
-def _run(config: RunConfig, held: Path) -> list[dict[str, Any]]:
+def _run(config: RunConfig, held: Path, budgets: BudgetConfig | None = None) -> list[dict[str, Any]]:
     import torch
     from tqdm.auto import tqdm
 
@@ -266,19 +278,25 @@ def _run(config: RunConfig, held: Path) -> list[dict[str, Any]]:
         for m in built:
             refuse_in_distribution(m, learned[config.label(m)], drawn_on)
     kept = [_held(m, source, held / str(i)) for i, m in enumerate(built)]  # (the method loading the copies, digests)
-    running = {config.label(m): method for m, (method, _, _) in zip(built, kept)}
     originals = {copy: path for _, _, copies in kept for copy, path in copies.items()}
     model_files = model_digest(source)
-    fingerprints = {config.label(m): _fingerprint(config, m, digests, model_files)
-                    for m, (_, digests, _) in zip(built, kept)}
+    # the run's configurations by folder label: each method, or with budgets each method at each budget
+    # (`calibration.entries`): (the method loading the copies, its budget, its fingerprint)
+    entries: dict[str, tuple[Method, Budget | None, dict[str, Any]]] = {}
+    for name, m, (method, digests, _) in zip(config.methods, built, kept):
+        base = _fingerprint(config, m, digests, model_files)
+        for label, budget in calibration.entries(m, config.method_options.get(name, {}),
+                                                 functools.partial(_label, config), budgets):
+            entries[label] = (method, budget, base if budgets is None else
+                              calibration.fingerprint(base, m, budget, budgets.calibration_samples))
     data = {name: identities(task_registry.get(name, data_dir=config.data_dir).sources, config.data_dir)
             for name in task_names}
 
-    def fingerprint(method: Method, task_name: str, length: int) -> dict[str, Any]:
-        return {**fingerprints[config.label(method)], "task": task_name, "data": data[task_name], "length": length}
+    def fingerprint(label: str, task_name: str, length: int) -> dict[str, Any]:
+        return {**entries[label][2], "task": task_name, "data": data[task_name], "length": length}
 
-    def cell_of(method: Method, task_name: str, length: int) -> Cell:
-        return Cell(config.output, source.label, config.label(method), task_name, length)
+    def cell_of(label: str, task_name: str, length: int) -> Cell:
+        return Cell(config.output, source.label, label, task_name, length)
 
     ranks = Ranks.from_env(config.device, config.tp)
     check_placement(source, config.tp, config.device_map, ranks.world_size)
@@ -292,9 +310,9 @@ def _run(config: RunConfig, held: Path) -> list[dict[str, Any]]:
         if ranks.is_main:  # before any work: an output folder never mixes two configurations
             for task_name in task_names:
                 for length in config.lengths:
-                    for m in built:
-                        _check_cell(cell_of(m, task_name, length), fingerprint(m, task_name, length), config.strict,
-                                    config.data_dir)
+                    for label in entries:
+                        _check_cell(cell_of(label, task_name, length), fingerprint(label, task_name, length),
+                                    config.strict, config.data_dir)
         ranks.barrier()
         dtype = getattr(torch, config.dtype) if config.dtype else None
         model, tokenizer = load_model(source, dtype=dtype, device=ranks.device(config.device), tp=config.tp,
@@ -302,36 +320,114 @@ def _run(config: RunConfig, held: Path) -> list[dict[str, Any]]:
         provenance = {label: {name: found for name, (_, found) in files.items()} for label, files in learned.items()}
         session = _Session(config, model, tokenizer, model_context(model.config), stop_ids(model, tokenizer),
                            ranks, originals, provenance)
+        split = _Split(session, task_names, budgets)
         rows = []
-        overall = tqdm(total=len(task_names) * len(config.lengths) * len(built), unit="cell", position=0,
+        overall = tqdm(total=len(task_names) * len(config.lengths) * len(entries), unit="cell", position=0,
                        disable=not (config.progress and ranks.is_main), file=sys.stderr)
         for task_name in task_names:
             task = task_registry.get(task_name, data_dir=config.data_dir)
             for length in config.lengths:
-                cells = [cell_of(m, task_name, length) for m in built]
-                todo = [(m, c) for m, c in zip(built, cells) if not c.is_complete()]
+                cells = [cell_of(label, task_name, length) for label in entries]
+                todo = [(label, c) for label, c in zip(entries, cells) if not c.is_complete()]
                 samples, error = [], None
                 if todo:
                     try:
-                        samples = task.samples(tokenizer, length, config.limit, config.seed)
+                        samples = split.evaluated(task_name, length)
                     except (ValueError, FileNotFoundError, KeyError) as err:
                         error = f"{task_name} at {length} tokens: {err}"
                     if not error and not samples:
                         error = f"{task_name} at {length} tokens: no samples (an empty corpus?)"
                 overall.update(len(cells) - len(todo))
-                for method, cell in todo:
+                for label, cell in todo:
                     overall.set_description(cell_description(overall.n, overall.total, cell))
-                    inputs = _CellInputs(session, cell, running[config.label(method)],
-                                         fingerprint(method, task_name, length), task, samples)
-                    if not error:
+                    inputs = _CellInputs(session, cell, entries[label][0], fingerprint(label, task_name, length),
+                                         task, samples)
+                    failure = error
+                    if not failure and budgets is not None:
+                        try:
+                            inputs, failure = split.calibrated(inputs, label, entries[label][1])
+                        except Exception as err:  # noqa: BLE001  (a failed calibration fails its cell, as a cell)
+                            failure = f"calibration: {type(err).__name__}: {err}"
+                    if not failure:
                         _run_cell(inputs)
                     elif ranks.is_main:
-                        _fail(inputs, error)
+                        _fail(inputs, failure)
                     overall.update()
                 rows.extend(summary_row(cell) for cell in cells)
         overall.set_description("cells")
         overall.close()
     return rows
+
+
+def _label(config: RunConfig, method: Method, budget: Budget | None) -> str:
+    """The result folder of one of the run's methods (`RunConfig.label`), at ``budget`` where it has one
+    (`calibration.label`, the preset named after the budget where it applies)."""
+    if budget is None:
+        return config.label(method)
+    preset = config.preset if applies(config.preset, method.name) else None
+    return calibration.label(method, budget, get_preset(preset).options(method.name) if preset else {},
+                             f"preset={preset}" if preset else None)
+
+
+class _Split:
+    """The samples of a run's cells (`evaluated`) and, with budgets, the calibration of each configuration and length
+    (`calibrated`): per task and length, the first ``calibration_samples`` samples calibrate and the next ``limit``
+    are evaluated; without budgets every sample is evaluated."""
+
+    def __init__(self, session: _Session, task_names: list[str], budgets: BudgetConfig | None):
+        self.session, self.task_names, self.budgets = session, task_names, budgets
+        self._prompts: dict[tuple[str, int], list[Sample]] = {}  # (task, length) → its calibration samples
+        self._found: dict[tuple[str, int], Calibration] = {}  # (label, length) → what calibrating it found
+
+    def _samples(self, task_name: str, length: int) -> list[Sample]:
+        config, extra = self.session.config, self.budgets.calibration_samples if self.budgets else 0
+        limit = None if config.limit is None else config.limit + extra
+        task = task_registry.get(task_name, data_dir=config.data_dir)
+        samples = task.samples(self.session.tokenizer, length, limit, config.seed)
+        if extra:
+            if len(samples) <= extra:
+                raise ValueError(f"{len(samples)} samples, none left to evaluate after the {extra} that calibrate")
+            self._prompts.setdefault((task_name, length), samples[:extra])
+        return samples
+
+    def evaluated(self, task_name: str, length: int) -> list[Sample]:
+        """The samples a cell of ``task_name`` at ``length`` evaluates."""
+        return self._samples(task_name, length)[self.budgets.calibration_samples if self.budgets else 0:]
+
+    def calibrated(self, inputs: _CellInputs, label: str, budget: Budget | None) -> tuple[_CellInputs, str | None]:
+        """The cell's inputs with its method at the knob values calibrated for ``budget`` at the cell's length (the
+        reference's as they are) and the calibration record, and why no value meets the budget (None: one does)."""
+        length = inputs.cell.length
+        prompts = {}
+        for task_name in self.task_names:  # every task's calibration samples at the length, pooled
+            if (task_name, length) not in self._prompts:
+                self._samples(task_name, length)
+            prompts[task_name] = self._prompts[(task_name, length)]
+        ids = {task_name: [s.id for s in samples] for task_name, samples in prompts.items()}
+        if budget is None:
+            return dataclasses.replace(inputs, calibration=calibration.split_record(ids)), None
+        if (label, length) not in self._found:
+            self._found[(label, length)] = self._calibrate(inputs.method, label, length, budget, prompts)
+        found = self._found[(label, length)]
+        method = inputs.method if found.error else dataclasses.replace(inputs.method, **found.options)
+        return dataclasses.replace(inputs, method=method, calibration=found.record(ids)), found.error
+
+    def _calibrate(self, method: Method, label: str, length: int, budget: Budget, prompts: dict[str, list[Sample]]
+                   ) -> Calibration:
+        from tqdm.auto import tqdm
+
+        session = self.session
+        shown = session.config.progress and session.ranks.is_main
+        with tqdm(desc=f"calibrating {label} · {length}", unit="setting", position=1, leave=False,
+                  disable=not shown, file=sys.stderr) as bar:
+            found = calibration.calibrate(session.model, method, budget,
+                                          [s.input_ids for samples in prompts.values() for s in samples],
+                                          session.config.backend,
+                                          lambda value: (bar.update(), bar.set_postfix_str(f"{budget.measure} "
+                                                                                           f"{value:.4f}")))
+        if session.ranks.is_main:
+            print(f"elastic-bench: {calibration.describe(found, label, length)}", file=sys.stderr)
+        return found
 
 
 def cell_description(done: int, total: int, cell: Cell) -> str:
@@ -435,6 +531,7 @@ def _cell_config(inputs: _CellInputs, n: int) -> dict[str, Any]:
         "allow_in_distribution": config.allow_in_distribution,
         "model_context": inputs.session.context,
         "fingerprint": fingerprint,
+        **({"calibration": inputs.calibration} if inputs.calibration is not None else {}),
         **provenance(config.device),
     }
 
@@ -478,7 +575,8 @@ def _run_cell(inputs: _CellInputs) -> None:
         if mine:  # compile the method's kernels (and capture a batch of one's graph) before the first timed prefill
             with apply(method, session.model, backend=config.backend, kv_cache=config.kv_cache):
                 generation.warm_up(session.model, mine[0].input_ids, graphs)
-        with apply(method, session.model, backend=config.backend, kv_cache=config.kv_cache) as handle, \
+        with apply(method, session.model, backend=config.backend, kv_cache=config.kv_cache,
+                   time_parts=True) as handle, \
                 tqdm(total=len(mine), desc=desc, disable=not (config.progress and ranks.is_main), leave=False,
                      position=1, file=sys.stderr) as bar:
             for record in _generate(inputs, mine, handle, graphs):
@@ -617,8 +715,10 @@ def _predict(inputs: _CellInputs, sample: Sample, handle, graphs, earlier: tuple
             break
         earlier.append(prediction)
         sample = follow_up
+    parts = handle.prefill_parts()  # the last turn's prefill, taken apart
     timed = {
         "prefill_seconds": gen.prefill_seconds,
+        **({"prefill_parts": parts[-1]} if parts else {}),
         "decode_seconds": gen.decode_seconds,
         "decode_ms_per_token": 1000 * gen.decode_seconds / gen.decode_steps if gen.decode_steps else None,
         "batch_size": 1,
@@ -643,13 +743,15 @@ def _predict_batch(inputs: _CellInputs, samples: list[Sample], handle, graphs, t
         [session.stop_ids | set(s.stop_token_ids) for s in samples], [s.min_new_tokens for s in samples],
         decode_graphs=graphs, pad_id=session.tokenizer.pad_token_id or 0,
         **({"timed": [s.id in timed for s in samples], "rows": shape} if graphs else {}))
-    stats, decisions = handle.stats(), handle.decisions()
+    stats, decisions, parts = handle.stats(), handle.decisions(), handle.prefill_parts()
     share = (batch.prefill_seconds + batch.decode_seconds) / len(samples)
     per_token = 1000 * batch.decode_seconds / batch.decode_steps if batch.decode_steps else None
     records = []
     for i, (sample, row) in enumerate(zip(samples, batch.rows)):
+        alone = row.prefill_seconds is not None and len(parts) == len(samples)  # graphs: one prefill per prompt
         timed = {
             "prefill_seconds": row.prefill_seconds,  # a prompt's own only where it was timed alone
+            **({"prefill_parts": parts[i]} if alone else {}),
             "decode_seconds": None,
             "decode_ms_per_token": per_token,
             "batch_size": len(samples),
@@ -698,8 +800,10 @@ def _record(inputs: _CellInputs, sample: Sample, prediction: str, earlier: list[
 def timing(records: list[dict[str, Any]]) -> dict[str, Any]:
     """A cell's timing from its prediction records: ``prefill_seconds_median`` and ``prefill_samples`` over the
     prompts timed alone; ``batch_size_used`` (the largest batch); ``decode_ms_per_token`` over the batched prompts
-    (all prompts when none is); and, where prompts ran batched, ``samples_per_second``: the batched prompts over the
-    seconds their batches took (prefill and decode, follow-up turns included)."""
+    (all prompts when none is); where prompts ran batched, ``samples_per_second``: the batched prompts over the
+    seconds their batches took (prefill and decode, follow-up turns included); and where prefills were taken apart,
+    ``prefill_parts`` (the mean seconds of each part over them) and ``prefill_unexplained`` (their mean prefill less
+    the parts' sum)."""
     prefills = [r["prefill_seconds"] for r in records if r.get("prefill_seconds") is not None]
     batched = [r for r in records if r.get("batch_size", 1) > 1]
     found = {
@@ -710,6 +814,13 @@ def timing(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
     if batched:
         found["samples_per_second"] = len(batched) / sum(r["generation_seconds"] for r in batched)
+    parted = [r for r in records if r.get("prefill_parts") and r.get("prefill_seconds") is not None]
+    if parted:
+        from elastic_bench.kernels.timing import unexplained
+
+        parts = {name: statistics.mean(r["prefill_parts"][name] for r in parted) for name in parted[0]["prefill_parts"]}
+        found["prefill_parts"] = parts
+        found["prefill_unexplained"] = unexplained(statistics.mean(r["prefill_seconds"] for r in parted), parts)
     return found
 
 

@@ -14,13 +14,17 @@ Design decisions:
   pass) gets a `PackedCache` instead (``kv_cache="evicting"`` or ``"full"``). Each layer is packed by the method's
   decode plan right after its prefill attention, and every decode step attends the packed rows in one call
   (`elastic_bench.kernels.decode`). ``kv_cache="dynamic"`` keeps transformers' cache and the prefill kernels at decode.
+- A prefill's time taken apart (``apply(..., time_parts=True)``): each prefill forward (no cache, or an empty one) gets
+  a `PartTimer`; the glue marks its parts per layer (the method's plan, the harness's pair counts, the kernel), the
+  XAttention estimation marks its own, and forward hooks on the decoder layers and the modules outside them (added for
+  that forward only, so decode steps run without them) mark the rest of the model.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any, get_args
 
 import torch
@@ -29,6 +33,7 @@ from transformers import DynamicCache
 
 from elastic_bench.kernels import SparsityMeter, pair_counts, resolve_backend, sample_means
 from elastic_bench.kernels.decode import decode_attention
+from elastic_bench.kernels.timing import PARTS, PartTimer, part
 from elastic_bench.modeling.choices import KVCache
 from elastic_bench.modeling.interface import AttentionCall, Method
 from elastic_bench.modeling.kv_cache import CACHE_KEYWORDS, PackedCache, PackedLayer
@@ -97,7 +102,8 @@ def attention_modules(model: nn.Module) -> list[nn.Module]:
 class MethodHandle:
     """What `apply` returns: the active method, its statistics and its per-layer decisions."""
 
-    def __init__(self, method: Method, model: nn.Module, backend: str, kv_cache: KVCache = "evicting"):
+    def __init__(self, method: Method, model: nn.Module, backend: str, kv_cache: KVCache = "evicting",
+                 time_parts: bool = False):
         if kv_cache not in get_args(KVCache):
             raise ValueError(f"kv_cache must be one of {', '.join(get_args(KVCache))}, got {kv_cache!r}")
         self.method, self.model, self.backend, self.kv_cache = method, model, backend, kv_cache
@@ -105,12 +111,16 @@ class MethodHandle:
         self.prefill_backends: Counter[str] = Counter()
         self.cache: PackedCache | None = None  # the packed cache of the running forward
         self.last_cache: PackedCache | None = None  # that of the last generation, until the next forward or reset
+        self.time_parts = time_parts
+        self.parts: list[PartTimer] = []  # the part timers of the prefill forwards since the last reset
+        self._timing = ExitStack()  # the running prefill's part timer and model hooks, closed by `end_forward`
 
     def reset(self) -> None:
         """Forget the samples recorded so far (call between prompts)."""
         self.meter.reset()
         self.prefill_backends.clear()
         self.last_cache = None
+        self.parts.clear()
 
     def begin_forward(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
         """Forward pre-hook: a new meter forward, and a `PackedCache` in place of an empty `DynamicCache`; an empty
@@ -127,12 +137,34 @@ class MethodHandle:
                 raise ValueError("a packed KV cache was given to a forward under kv_cache='dynamic'")
             past.evict = self.kv_cache == "evicting"
         self.cache = past if isinstance(past, PackedCache) else None
+        if self.time_parts and (past is None or empty):
+            self._time_parts()
         return args, kwargs
+
+    def _time_parts(self) -> None:
+        """A `PartTimer` for this prefill forward, active until `end_forward`, with the model's own modules
+        (`model_parts`) marking the part ``model``."""
+        self.stop_parts()  # a forward that raised left its timer open
+        timer = self._timing.enter_context(PartTimer(next(self.model.parameters()).device).active())
+        for module in model_parts(self.model):
+            self._timing.enter_context(module.register_forward_pre_hook(lambda *_: timer.enter("model")))
+            self._timing.enter_context(module.register_forward_hook(lambda *_: timer.exit()))
+        self.parts.append(timer)
 
     def end_forward(self) -> None:
         """Forward hook: the packed cache stays readable by `stats` until the next forward (decode steps replayed as a
-        CUDA graph run no hook, but count their tokens in the cache)."""
+        CUDA graph run no hook, but count their tokens in the cache); a prefill's part timer stops."""
         self.last_cache, self.cache = self.cache, None
+        self.stop_parts()
+
+    def stop_parts(self) -> None:
+        """Stop the running prefill's part timer and remove its model hooks (nothing when none runs)."""
+        self._timing.close()
+
+    def prefill_parts(self) -> list[dict[str, float]]:
+        """Seconds per part (`elastic_bench.kernels.timing.PARTS`) of each prefill forward since the last reset, with
+        ``time_parts`` ([] without); on CUDA it waits for the device to reach the forwards' last marks."""
+        return [{name: seconds.get(name, 0.0) for name in PARTS} for seconds in (t.totals() for t in self.parts)]
 
     def stats(self) -> dict[str, Any]:
         """``omega_msr``, ``omega_esr``, ``omega_esr_last_row`` (means over samples), ``per_sample`` values,
@@ -218,13 +250,16 @@ class MethodHandle:
         return out
 
     def _compute(self, call: AttentionCall, scaling: float | None) -> torch.Tensor:
-        plan = self.method.plan(call)
+        with part("routing"):
+            plan = self.method.plan(call)
         backend = resolve_backend(self.backend, call.query.device, call.key.shape[2])  # what `auto` runs for this call
         if call.phase != "decode":
-            counts = pair_counts(plan, call.query.shape[2], call.key.shape[2], call.query.shape[1])
-            self.meter.record(call.layer_idx, call.phase, call.sample_ids, plan, counts)
+            with part("accounting"):
+                counts = pair_counts(plan, call.query.shape[2], call.key.shape[2], call.query.shape[1])
+                self.meter.record(call.layer_idx, call.phase, call.sample_ids, plan, counts)
             self.prefill_backends[backend] += 1
-        return self.method.attend(call, plan, scaling, backend)
+        with part("attention"):
+            return self.method.attend(call, plan, scaling, backend)
 
 
 def _pieces(query, key, mask, kwargs) -> list[tuple[int, int, slice, slice]] | None:
@@ -251,6 +286,18 @@ def _pieces(query, key, mask, kwargs) -> list[tuple[int, int, slice, slice]] | N
     return pieces
 
 
+def model_parts(model: nn.Module) -> list[nn.Module]:
+    """The modules whose forwards make the part ``model`` of a prefill: every decoder layer (the module holding an
+    attention module; the attention's own parts are nested in it) and every leaf module outside them (embeddings,
+    final norm, rotary embedding, LM head)."""
+    modules = dict(model.named_modules())
+    attention = {id(m) for m in attention_modules(model)}
+    layers = [name.rpartition(".")[0] for name, m in modules.items() if id(m) in attention]
+    outside = [m for name, m in modules.items() if next(m.children(), None) is None
+               and not any(name == layer or name.startswith(layer + ".") for layer in layers)]
+    return [modules[layer] for layer in layers] + outside
+
+
 def _capture_keys(module: nn.Module, head_dim: int):
     def hook(_, __, output: torch.Tensor) -> None:
         B, L = output.shape[:2]
@@ -262,7 +309,7 @@ def _capture_keys(module: nn.Module, head_dim: int):
 
 @contextmanager
 def apply(
-    method: Method, model: nn.Module, backend: str = "auto", kv_cache: KVCache = "evicting"
+    method: Method, model: nn.Module, backend: str = "auto", kv_cache: KVCache = "evicting", time_parts: bool = False
 ) -> Iterator[MethodHandle]:
     """Run ``model`` with ``method`` inside the block; restores the previous attention implementation on exit.
 
@@ -275,6 +322,8 @@ def apply(
             `PackedCache` whose STREAMING heads keep sink + window only), ``"full"`` (a `PackedCache` keeping every
             token; streaming heads decode by mask, as upstream) or ``"dynamic"`` (transformers' `DynamicCache`,
             attended by the prefill kernels).
+        time_parts: take every prefill forward's time apart (``handle.prefill_parts()``: seconds of the model, the
+            method's routing, estimation and planning, the pair accounting and the attention kernels).
 
     Yields:
         A `MethodHandle`: ``handle.stats()`` gives ΩMSR/ΩESR, ``handle.decisions()`` the per-layer modes.
@@ -287,7 +336,7 @@ def apply(
     """
     register_attention()
     modules = attention_modules(model)
-    handle = MethodHandle(method, model, backend, kv_cache)
+    handle = MethodHandle(method, model, backend, kv_cache, time_parts)
     method.setup(model)
     hooks = [model.register_forward_pre_hook(lambda _, args, kwargs: handle.begin_forward(args, kwargs),
                                              with_kwargs=True),
@@ -302,6 +351,7 @@ def apply(
         with attention_implementation(model, ATTN_NAME):
             yield handle
     finally:
+        handle.stop_parts()  # a forward that raised may have left its part timer and hooks
         for hook in hooks:
             hook.remove()
         for module in modules:

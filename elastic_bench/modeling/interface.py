@@ -8,6 +8,8 @@ call into a HeadPlan (after kvpress' presses).
   `AttentionCall.phase` says whether it is the one-shot prefill, a later prefill chunk, or a decode step. Decode steps
   attend the whole cache by default (`Method.decode_plan`), as the upstream methods do.
 - Learned artifacts are files the method loads, never code.
+- A method with a sparsity knob names it (`Method.knobs`, `SparsityKnob`): `elastic-bench calibrate` searches it for a
+  requested ΩESR or ΩMSR.
 - Methods register with `register_method`; the registry imports the modules that installed packages declare under the
   ``elastic_bench.methods`` entry-point group (the baselines, Elastic Attention, any plugin) on the first lookup.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -76,13 +79,35 @@ class AttentionCall:
         return self.key.shape[1]
 
 
+@dataclass(frozen=True)
+class SparsityKnob:
+    """An option of a method that sets how much it skips, for `elastic-bench calibrate` to search.
+
+    Attributes:
+        option: the option's name (a field of the method).
+        sparser: ``"higher"`` when a larger value skips more pairs, ``"lower"`` when a smaller one does.
+        low, high: the values it may take (infinite: unbounded, searched outward from the option's default).
+        integer: whether it takes whole numbers only.
+    """
+
+    option: str
+    sparser: Literal["higher", "lower"]
+    low: float = -math.inf
+    high: float = math.inf
+    integer: bool = False
+
+
 @dataclass
 class Method:
     """Base class of every method. Subclasses are dataclasses registered with `register_method`; their docstring's
-    ``Args:`` section documents each knob (``elastic-bench methods`` prints it)."""
+    ``Args:`` section documents each knob (``elastic-bench methods`` prints it).
+
+    ``knobs``: the options that set its sparsity, the main one first (a second one refines where the first moves in
+    steps coarser than a budget's tolerance); none for a method without one."""
 
     name: ClassVar[str] = ""
     needs_pre_rope_keys: ClassVar[bool] = False
+    knobs: ClassVar[tuple[SparsityKnob, ...]] = ()
 
     def setup(self, model: nn.Module) -> None:
         """Attach learned state to ``model`` and load artifacts. Called on entering `elastic_bench.apply`."""

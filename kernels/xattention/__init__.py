@@ -45,6 +45,7 @@ from __future__ import annotations
 import torch
 
 from ..plan import BlockSelection
+from ..timing import part
 from ..triton_available import triton_available
 from .naive import (
     RULES,
@@ -92,13 +93,18 @@ def xattention_select(
     B, Hq, Lq, _ = q.shape
     Lk = k.shape[2]
     first = first_chunk_rows(rule, Lk, block_size)
-    scores = antidiagonal_scores(q, k, stride, block_size, heads, backend)
-    tau, need = thresholds(threshold, Hq, q.device), query_head_flags(heads, B, Hq, q.device)
-    if _backend(backend, q.device) != "reference":
-        from .fused import csr_from_mask_triton, select_blocks_triton
+    fused = _backend(backend, q.device) != "reference"
+    with part("estimation"):
+        scores = antidiagonal_scores(q, k, stride, block_size, heads, backend)
+        tau, need = thresholds(threshold, Hq, q.device), query_head_flags(heads, B, Hq, q.device)
+        if fused:
+            from .fused import csr_from_mask_triton, select_blocks_triton
 
-        return csr_from_mask_triton(*select_blocks_triton(scores, tau, need, Lq, Lk, block_size, first))
-    return BlockSelection.from_dense(select_blocks_naive(scores, tau, need, Lq, Lk, block_size, first))
+            selected = select_blocks_triton(scores, tau, need, Lq, Lk, block_size, first)
+        else:
+            selected = select_blocks_naive(scores, tau, need, Lq, Lk, block_size, first)
+    with part("planning"):
+        return csr_from_mask_triton(*selected) if fused else BlockSelection.from_dense(selected)
 
 
 def _backend(backend: str, device: torch.device, k_len: int = 0) -> str:
