@@ -110,7 +110,7 @@ def test_calibrate_on_the_testbed_meets_the_budget_on_held_out_prompts(tmp_path,
     methods = ["streaming", "xattention", "duo_attention", "elastic", "oracle"]
     code = cli.main(["calibrate", "--model", "testbed", "--methods", ",".join(["full", *methods]), "--tasks",
                      "testbed_niah_single", "--lengths", "1K", "--limit", "2", "--calibration-samples", "2",
-                     "--budgets", "0.3", "--no-progress", "--output", str(output)])
+                     "--budgets", "0.3", "--allow-in-distribution", "--no-progress", "--output", str(output)])
     printed = capsys.readouterr().out
     assert code == 0 and "held out" in printed
     assert {p.name for p in (output / "testbed").iterdir()} == {"full", *(f"{m}-esr=0.3" for m in methods)}

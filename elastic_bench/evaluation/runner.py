@@ -283,12 +283,14 @@ def _run(config: RunConfig, held: Path, budgets: BudgetConfig | None = None) -> 
     # the run's configurations by folder label: each method, or with budgets each method at each budget
     # (`calibration.entries`): (the method loading the copies, its budget, its fingerprint)
     entries: dict[str, tuple[Method, Budget | None, dict[str, Any]]] = {}
+    learned_by_label = {}  # each configuration's folder label → its method's learned files' provenance
     for name, m, (method, digests, _) in zip(config.methods, built, kept):
         base = _fingerprint(config, m, digests, model_files)
         for label, budget in calibration.entries(m, config.method_options.get(name, {}),
                                                  functools.partial(_label, config), budgets):
             entries[label] = (method, budget, base if budgets is None else
                               calibration.fingerprint(base, m, budget, budgets.calibration_samples))
+            learned_by_label[label] = learned[config.label(m)]
     data = {name: identities(task_registry.get(name, data_dir=config.data_dir).sources, config.data_dir)
             for name in task_names}
 
@@ -317,7 +319,8 @@ def _run(config: RunConfig, held: Path, budgets: BudgetConfig | None = None) -> 
         dtype = getattr(torch, config.dtype) if config.dtype else None
         model, tokenizer = load_model(source, dtype=dtype, device=ranks.device(config.device), tp=config.tp,
                                       device_map=config.device_map)
-        provenance = {label: {name: found for name, (_, found) in files.items()} for label, files in learned.items()}
+        provenance = {label: {name: found for name, (_, found) in files.items()}
+                      for label, files in learned_by_label.items()}
         session = _Session(config, model, tokenizer, model_context(model.config), stop_ids(model, tokenizer),
                            ranks, originals, provenance)
         split = _Split(session, task_names, budgets)
