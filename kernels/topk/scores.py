@@ -115,14 +115,14 @@ def nsa_scores(q: torch.Tensor, k: torch.Tensor, block_size: int, kernel_size: i
     Per query at ``p`` and query head: the softmax, over the compressed keys (means of ``kernel_size`` keys every
     ``kernel_stride``) wholly at or before ``p``, of ``s·q·c_j`` (0 for a query seeing none); summed over the group's
     query heads; a block's score is the sum of its overlapping compressed keys' scores, each weighted by the
-    ``kernel_stride`` segments it shares with the block (NSA's Eq. 9), 0 for the last block when it is partial.
+    ``kernel_stride`` segments it shares with the block (NSA's Eq. 9).
     Forced: the ``init_blocks`` first blocks and the ``local_blocks`` blocks ending with the row's own.
     """
     B, Hq, Lq, D = q.shape
     Lk = k.shape[2]
     off, scale, ratio, span = Lk - Lq, D**-0.5, block_size // kernel_stride, kernel_size // kernel_stride
     fine = mean_pool(k, kernel_size, kernel_stride)
-    n_fine, n_blocks, whole = fine.shape[2], -(-Lk // block_size), Lk // block_size
+    n_fine, n_blocks = fine.shape[2], -(-Lk // block_size)
     overlap = torch.ones(1, 1, span, device=q.device)
     counts = F.conv1d(F.pad(torch.ones(1, 1, ratio, device=q.device), (span - 1, span - 1)), overlap)[0, 0]
     parts = []
@@ -133,7 +133,6 @@ def nsa_scores(q: torch.Tensor, k: torch.Tensor, block_size: int, kernel_size: i
         width = (n_blocks - 1) * ratio + span + ratio - 1  # the padded fine keys the last block's window ends at
         prob = F.pad(prob, (span - 1, max(0, width - (span - 1) - prob.shape[-1])))
         block = (prob.unfold(-1, span + ratio - 1, ratio)[..., :n_blocks, :] * counts).sum(-1)  # [B, H, c, nK]
-        block[..., whole:] = 0.0
         parts.append(_row_sum(block, r0, r1, p0, block_size))
     rows = torch.arange(off // block_size, n_blocks, device=q.device)
     c = torch.arange(n_blocks, device=q.device)
@@ -145,16 +144,15 @@ def moba_scores(q: torch.Tensor, k: torch.Tensor, block_size: int, chunk_size: i
     """MoBA's gates, summed over each row, per query head: ``[B, Hq, n, nC]`` over the ``chunk_size``-token chunks
     (``block_size`` divides ``chunk_size``).
 
-    Per query and query head: ``q·k̄_c`` with ``k̄_c`` the mean key of chunk ``c`` (of the keys it holds, for the last
-    one). Forced: the row's own chunk; chunks after it are not candidates.
+    Per query and query head: ``q·k̄_c`` with ``k̄_c`` the mean key of chunk ``c``. Forced: the row's own chunk;
+    chunks after it are not candidates (so a partial last chunk, whose mean is taken over ``chunk_size`` here, is
+    never ranked).
     """
     B, Hq, Lq, D = q.shape
     H, Lk = k.shape[1], k.shape[2]
     off, n_chunks = Lk - Lq, -(-Lk // chunk_size)
-    held = torch.arange(n_chunks, device=k.device) * chunk_size
-    sizes = (torch.clamp(held + chunk_size, max=Lk) - held).to(torch.float32)
-    means = F.pad(k.float(), (0, 0, 0, n_chunks * chunk_size - Lk)).view(B, H, n_chunks, chunk_size, D).sum(3)
-    means = means / sizes[:, None]
+    padded = F.pad(k.float(), (0, 0, 0, n_chunks * chunk_size - Lk))
+    means = padded.view(B, H, n_chunks, chunk_size, D).sum(3) / chunk_size
     parts = []
     for r0, r1, p0, p1 in _row_chunks(Lq, Lk, block_size, B * Hq * D):
         rows = _row_sum(q[:, :, p0 - off: p1 - off].float(), r0, r1, p0, block_size)  # [B, Hq, n, D]
