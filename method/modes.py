@@ -65,7 +65,7 @@ class ModeConfig:
         xa_rule: XAttention block-selection rule, ``upstream`` (upstream's, as the official evaluation code runs
             it) or ``strict`` (see `elastic_bench.kernels.xattention`).
         selector: what selects the BLOCK_SPARSE side's blocks: ``xattention`` (the ``xa_*`` fields) or a top-k block
-            method at its defaults (``infllm_v2``, ``moba``, ``nsa``); valid combinations in the module doc.
+            method at its defaults (``infllm_v2``, ``moba``, ``nsa``); fa-xa takes each, xa-ssa xattention or moba.
     """
 
     mode: ModeName = "fa-ssa"
