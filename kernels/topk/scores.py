@@ -94,12 +94,13 @@ def infllm_v2_scores(q: torch.Tensor, k: torch.Tensor, block_size: int, kernel_s
         s, seen = _compressed(q, fine, p, off, kernel_size, kernel_stride, scale)
         s2, seen2 = _compressed(q, coarse, p, off, 4 * kernel_size, 4 * kernel_stride, scale)
         lse = s2.masked_fill(~seen2, float("-inf")).logsumexp(-1, keepdim=True)  # [B, H, G, c, 1]
-        weight = torch.exp(s - lse).masked_fill(~seen | torch.isinf(lse), 0.0).sum(2)  # [B, H, c, n]
+        lse = lse.masked_fill(torch.isinf(lse), float("inf"))  # a query seeing no coarse key weighs nothing
+        weight = torch.exp(s.masked_fill_(~seen, float("-inf")).sub_(lse)).sum(2)  # [B, H, c, n]
         # fine keys the chunk cannot see score 0; windows reaching past the fine keys stop at the last one
-        weight = F.pad(weight, (1, 0), value=float("-inf"))
-        weight = F.pad(weight, (0, n_fine - weight.shape[-1] + 1), value=0.0)
-        weight = F.pad(weight, (0, max(0, n_blocks * ratio - n_fine)), value=float("-inf"))
-        pooled = weight.unfold(-1, ratio + 1, ratio)[..., :n_blocks, :].amax(-1)  # [B, H, c, nK]
+        padded = weight.new_full((*weight.shape[:-1], max(n_fine, n_blocks * ratio) + 1), float("-inf"))
+        padded[..., 1: n_fine + 1] = 0.0
+        padded[..., 1: weight.shape[-1] + 1] = weight
+        pooled = padded.unfold(-1, ratio + 1, ratio)[..., :n_blocks, :].amax(-1)  # [B, H, c, nK]
         parts.append(_row_sum(pooled, r0, r1, p0, block_size))
     rows = torch.arange(off // block_size, n_blocks, device=q.device)
     c = torch.arange(n_blocks, device=q.device)
