@@ -88,3 +88,12 @@ def test_infllm_v2_is_dense_below_dense_len(testbed):
 def test_bad_knobs_are_refused_in_one_line(name, knobs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         get_method(name, **knobs)
+
+
+def test_labels_name_the_knobs_a_run_changed():
+    from elastic_bench.reports.labels import short_label
+
+    method = get_method("infllm_v2", dense_len=0, topk=8, window_size=256)
+    assert method.label() == "infllm_v2-topk=8-window_size=256-dense_len=0"
+    assert short_label(method.label(), "infllm_v2", method.options()) == "infllm_v2 (topk=8, window=256, dense=0)"
+    assert get_method("moba", chunk_size=256).label() == "moba-chunk_size=256"
