@@ -286,3 +286,15 @@ def test_the_row_scores_are_the_sums_of_upstreams_per_token_scores(method):
             expected = torch.tensor([sum(t[c] for t in tokens) for c in range(len(tokens[0]))], dtype=torch.float32)
             candidate = torch.isfinite(scores[0, s, n])
             assert torch.allclose(scores[0, s, n][candidate], expected[candidate], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", list(SELECT))
+def test_rows_scored_a_few_at_a_time_select_as_all_at_once(method, monkeypatch):
+    from elastic_bench.kernels.topk import scores
+
+    cfg = CONFIG[method]
+    q, k = inputs(B=2, Lq=130, Lk=190, seed=10)  # a chunk of queries starting inside a row
+    whole = SELECT[method](q, k, **cfg)
+    monkeypatch.setattr(scores, "ELEMENTS", {"cpu": 1})  # one row per chunk
+    rows = SELECT[method](q, k, **cfg)
+    assert torch.equal(rows.counts, whole.counts) and torch.equal(rows.indices, whole.indices)

@@ -5,7 +5,8 @@ Shapes: queries ``q [B, Hq, Lq, D]`` at absolute positions ``p = Lk - Lq + i``, 
 the queries of one plan block (``p // block_size``). Each function returns ``(scores, first_row)``: ``scores
 [B, S, n, nK]`` (fp32) of the rows ``first_row …`` that hold a query of the call, ``S`` the selecting heads, ``nK``
 the method's key blocks. The InfLLM-V2 and NSA scores are computed a few rows at a time (`ELEMENTS` bounds a chunk's
-query × compressed-key matrix), each chunk over the compressed keys its queries can see.
+query × compressed-key matrix: 2^25 scores on the CPU, 2^28 on a GPU, where fewer and larger chunks spare launches),
+each chunk over the compressed keys its queries can see.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-ELEMENTS = 1 << 25  # the most (query head × query × compressed key) scores one chunk of rows holds
+ELEMENTS = {"cpu": 1 << 25, "cuda": 1 << 28}  # the most (query head × query × key) scores a chunk of rows holds
 
 
 def mean_pool(k: torch.Tensor, size: int, stride: int) -> torch.Tensor:
@@ -33,11 +34,12 @@ def visible(positions: torch.Tensor, n: int, size: int, stride: int) -> torch.Te
     return torch.arange(n, device=positions.device) * stride + size - 1 <= positions[:, None]
 
 
-def _row_chunks(q_len: int, k_len: int, block_size: int, per_query: int) -> Iterator[tuple[int, int, int, int]]:
+def _row_chunks(q_len: int, k_len: int, block_size: int, per_query: int, device: torch.device
+                ) -> Iterator[tuple[int, int, int, int]]:
     """``(first row, stop row, first position, stop position)`` of consecutive chunks of the rows holding the call's
-    queries, each at most `ELEMENTS` / ``per_query`` queries (one row at least)."""
+    queries, each at most `ELEMENTS` / ``per_query`` queries on ``device`` (one row at least)."""
     off = k_len - q_len
-    rows = max(1, ELEMENTS // max(per_query * block_size, 1))
+    rows = max(1, ELEMENTS.get(device.type, ELEMENTS["cpu"]) // max(per_query * block_size, 1))
     for r0 in range(off // block_size, -(-k_len // block_size), rows):
         r1 = min(r0 + rows, -(-k_len // block_size))
         yield r0, r1, max(off, r0 * block_size), min(k_len, r1 * block_size)
@@ -89,7 +91,7 @@ def infllm_v2_scores(q: torch.Tensor, k: torch.Tensor, block_size: int, kernel_s
     coarse = mean_pool(k, 4 * kernel_size, 4 * kernel_stride)
     n_fine, n_blocks = fine.shape[2], -(-Lk // block_size)
     parts = []
-    for r0, r1, p0, p1 in _row_chunks(Lq, Lk, block_size, B * Hq * max(n_fine, 1)):
+    for r0, r1, p0, p1 in _row_chunks(Lq, Lk, block_size, B * Hq * max(n_fine, 1), q.device):
         p = torch.arange(p0, p1, device=q.device)
         s, seen = _compressed(q, fine, p, off, kernel_size, kernel_stride, scale)
         s2, seen2 = _compressed(q, coarse, p, off, 4 * kernel_size, 4 * kernel_stride, scale)
@@ -127,7 +129,7 @@ def nsa_scores(q: torch.Tensor, k: torch.Tensor, block_size: int, kernel_size: i
     overlap = torch.ones(1, 1, span, device=q.device)
     counts = F.conv1d(F.pad(torch.ones(1, 1, ratio, device=q.device), (span - 1, span - 1)), overlap)[0, 0]
     parts = []
-    for r0, r1, p0, p1 in _row_chunks(Lq, Lk, block_size, B * Hq * max(n_fine, 1)):
+    for r0, r1, p0, p1 in _row_chunks(Lq, Lk, block_size, B * Hq * max(n_fine, 1), q.device):
         p = torch.arange(p0, p1, device=q.device)
         s, seen = _compressed(q, fine, p, off, kernel_size, kernel_stride, scale)
         prob = torch.softmax(s.masked_fill(~seen, float("-inf")), dim=-1).nan_to_num(0.0).sum(2)  # [B, H, c, n]
@@ -155,7 +157,7 @@ def moba_scores(q: torch.Tensor, k: torch.Tensor, block_size: int, chunk_size: i
     padded = F.pad(k.float(), (0, 0, 0, n_chunks * chunk_size - Lk))
     means = padded.view(B, H, n_chunks, chunk_size, D).sum(3) / chunk_size
     parts = []
-    for r0, r1, p0, p1 in _row_chunks(Lq, Lk, block_size, B * Hq * D):
+    for r0, r1, p0, p1 in _row_chunks(Lq, Lk, block_size, B * Hq * D, q.device):
         rows = _row_sum(q[:, :, p0 - off: p1 - off].float(), r0, r1, p0, block_size)  # [B, Hq, n, D]
         parts.append(torch.einsum("bhgnd,bhcd->bhgnc", rows.view(B, H, Hq // H, r1 - r0, D), means).flatten(1, 2))
     rows = torch.arange(off // block_size, -(-Lk // block_size), device=q.device)
