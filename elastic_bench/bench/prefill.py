@@ -20,7 +20,7 @@ Design decisions:
   selection by random blocks (random weights make XAttention keep nearly every block); the estimation still runs
   and is timed. The random blocks are drawn in the untimed warm-up forward and reused by the timed ones.
 - ``infllm_v2``, ``moba``, ``nsa`` (the top-k block methods), ``xattention``, ``streaming``: the registered method
-  at its defaults, or with the knobs of ``--method-option`` (e.g. a threshold or a top-k that puts two methods at the
+  at its defaults, or with the knobs of ``--method-options`` (e.g. a threshold or a top-k that puts two methods at the
   same ΩESR); their block selection is all their ``plan`` does, so its time is the routing time below.
 - ``duo_attention``: the gates of ``--pattern``, or seeded uniform gates written as a temporary
   ``full_attention_heads.tsv``; binarised at ``sparsity = --omega-msr`` either way, so every method with a static
@@ -90,7 +90,7 @@ class PrefillBenchConfig:
         methods: comma-separated methods: full, fa-ssa, fa-xa, xa-ssa (Elastic Attention's modes with a seeded head
             split), duo_attention, streaming, xattention, infllm_v2, moba, nsa, elastic (needs --router), sdpa (the
             model's own attention); floor (no attention) and full always run.
-        method_option: comma-separated knobs of the registered methods among --methods, METHOD.OPTION=VALUE (values
+        method_options: comma-separated knobs of the registered methods among --methods, METHOD.OPTION=VALUE (values
             read as YAML scalars, as run -O reads them), e.g. xattention.threshold=0.5,infllm_v2.topk=32 (see
             elastic-bench methods).
         omega_msr: share of (layer, KV head) pairs on the sparse side of fa-ssa, fa-xa and xa-ssa, and the sparsity
@@ -116,7 +116,7 @@ class PrefillBenchConfig:
     lengths: list[int] = field(default_factory=lambda: [32768, 131072, 262144])
     methods: list[str] = field(
         default_factory=lambda: ["full", "fa-ssa", "fa-xa", "xa-ssa", "duo_attention", "streaming", "xattention"])
-    method_option: list[str] = field(default_factory=list)
+    method_options: list[str] = field(default_factory=list)
     omega_msr: float = 0.7
     density: float | None = None
     pattern: str | None = None
@@ -151,7 +151,7 @@ class PrefillBenchConfig:
             raise FileNotFoundError(f"--pattern: no file or folder at {self.pattern} (expected a "
                                     "full_attention_heads.tsv or a folder holding one)")
         self.methods = with_router(self.methods, self.router)
-        self.knobs = method_knobs(self.method_option, [m for m in self.methods if m in REGISTERED])
+        self.knobs = method_knobs(self.method_options, [m for m in self.methods if m in REGISTERED])
 
 
 def method_knobs(items: list[str], methods: list[str]) -> dict[str, dict[str, Any]]:
@@ -166,7 +166,7 @@ def method_knobs(items: list[str], methods: list[str]) -> dict[str, dict[str, An
     knobs = _method_options(items)
     for method in knobs:
         if method not in methods:
-            raise ValueError(f"--method-option: {method!r} is not a registered method of --methods "
+            raise ValueError(f"--method-options: {method!r} is not a registered method of --methods "
                              f"({', '.join(methods) or 'none'})")
     return knobs
 
@@ -260,7 +260,6 @@ class SeededModes(Method):
     name: ClassVar[str] = "seeded-modes"
 
     mode: ModeName = "fa-ssa"
-    method_option: list[str] = field(default_factory=list)
     omega_msr: float = 0.7
     density: float | None = None
     seed: int = 0
