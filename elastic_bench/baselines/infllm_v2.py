@@ -22,12 +22,12 @@ from elastic_bench.kernels import BlockSelection, HeadPlan
 from elastic_bench.kernels.topk import infllm_v2_select
 from elastic_bench.modeling.interface import AttentionCall, register_method
 
-from .topk import TopKBlocks
+from .topk import CompressedKeyBlocks
 
 
 @register_method("infllm_v2")
 @dataclass
-class InfLLMv2(TopKBlocks):
+class InfLLMv2(CompressedKeyBlocks):
     """All KV heads BLOCK_SPARSE with InfLLM-V2's top-k blocks, shared by a GQA group (ΩMSR = 1 from ``dense_len``
     keys on; every head FULL below).
 
@@ -36,25 +36,21 @@ class InfLLMv2(TopKBlocks):
         kernel_size: tokens per fine compressed key (32, ``kernel_size``); the coarse keys that normalise the scores
             take 4× as many (``CompressK`` ``compress_k2``).
         kernel_stride: stride of the fine compressed keys (16, ``kernel_stride``; 4× for the coarse ones).
-        topk: selected blocks per query block beyond the window's (64, ``topk``).
+        topk: selected blocks per query block beyond the window's, at least ``init_blocks + 1`` (64, ``topk``).
         window_size: local window in tokens, ``window_size / block_size`` forced blocks before the query's own, which
             are added to ``topk`` (2048, ``window_size``).
         init_blocks: forced initial blocks (1, ``init_blocks``).
         dense_len: prompts of fewer keys attend densely (8192, ``dense_len``; 0: always sparse).
     """
 
-    block_size: int = 64
-    kernel_size: int = 32
-    kernel_stride: int = 16
     topk: int = 64
     window_size: int = 2048
     init_blocks: int = 1
     dense_len: int = 8192
 
     def __post_init__(self):
-        self.check_positive(block_size=self.block_size, kernel_size=self.kernel_size,
-                            kernel_stride=self.kernel_stride, topk=self.topk)
-        self.check_divides("kernel_stride", "block_size")
+        super().__post_init__()
+        self.check_positive(topk=self.topk)
         if self.window_size < 0 or self.init_blocks < 0 or self.dense_len < 0:
             raise ValueError(f"{self.name}.window_size, init_blocks and dense_len must be >= 0, got "
                              f"{self.window_size}, {self.init_blocks}, {self.dense_len}")

@@ -24,12 +24,12 @@ from elastic_bench.kernels import BlockSelection
 from elastic_bench.kernels.topk import nsa_select
 from elastic_bench.modeling.interface import register_method
 
-from .topk import TopKBlocks
+from .topk import CompressedKeyBlocks
 
 
 @register_method("nsa")
 @dataclass
-class NSA(TopKBlocks):
+class NSA(CompressedKeyBlocks):
     """All KV heads BLOCK_SPARSE with NSA's selected blocks, shared by a GQA group (ΩMSR = 1).
 
     Args:
@@ -41,18 +41,13 @@ class NSA(TopKBlocks):
         local_blocks: forced blocks ending with the query's own (2, ``local_blocks``); at least 1.
     """
 
-    block_size: int = 64
-    kernel_size: int = 32
-    kernel_stride: int = 16
     topk: int = 16
     init_blocks: int = 1
     local_blocks: int = 2
 
     def __post_init__(self):
-        self.check_positive(block_size=self.block_size, kernel_size=self.kernel_size,
-                            kernel_stride=self.kernel_stride, topk=self.topk, local_blocks=self.local_blocks)
-        self.check_divides("kernel_stride", "block_size")
-        self.check_divides("kernel_stride", "kernel_size")
+        super().__post_init__()
+        self.check_positive(topk=self.topk, local_blocks=self.local_blocks)
         if self.init_blocks < 0:
             raise ValueError(f"{self.name}.init_blocks must be >= 0, got {self.init_blocks}")
         self.check_budget(self.topk, self.init_blocks + self.local_blocks)

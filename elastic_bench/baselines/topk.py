@@ -45,3 +45,24 @@ class TopKBlocks(Method):
         if getattr(self, large) % getattr(self, small):
             raise ValueError(f"{self.name}.{small} ({getattr(self, small)}) must divide {self.name}.{large} "
                              f"({getattr(self, large)})")
+
+
+@dataclass
+class CompressedKeyBlocks(TopKBlocks):
+    """Base of the methods that score 64-token blocks against mean-pooled keys (InfLLM-V2, NSA), which share these
+    knobs and their upstream values.
+
+    Args:
+        block_size: key and query block in tokens.
+        kernel_size: tokens per compressed key; ``kernel_stride`` divides it.
+        kernel_stride: stride of the compressed keys; it divides ``block_size``.
+    """
+
+    block_size: int = 64
+    kernel_size: int = 32
+    kernel_stride: int = 16
+
+    def __post_init__(self):
+        self.check_positive(block_size=self.block_size, kernel_size=self.kernel_size, kernel_stride=self.kernel_stride)
+        self.check_divides("kernel_stride", "block_size")
+        self.check_divides("kernel_stride", "kernel_size")
