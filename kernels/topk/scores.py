@@ -60,16 +60,16 @@ def _mark(scores: torch.Tensor, rows: torch.Tensor, forced: torch.Tensor) -> tor
     return scores.masked_fill(forced & ~beyond, float("inf")).masked_fill(beyond, float("-inf"))
 
 
-def _compressed(q: torch.Tensor, keys: torch.Tensor, p: torch.Tensor, off: int, size: int, stride: int, scale: float
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scaled scores ``[B, H, G, c, n]`` of the queries at positions ``p`` against the pooled windows ``keys
-    [B, H, n, D]`` that the last of them can see, and which of those each query sees (``[c, n]``)."""
+def _compressed(q: torch.Tensor, keys: torch.Tensor, p0: int, p1: int, off: int, size: int, stride: int,
+                scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scaled scores ``[B, H, G, c, n]`` of the queries at positions ``p0 … p1 - 1`` against the pooled windows
+    ``keys [B, H, n, D]`` that the last of them can see, and which of those each query sees (``[c, n]``)."""
     B, Hq, _, D = q.shape
     H = keys.shape[1]
-    n = int(visible(p[-1:], keys.shape[2], size, stride).sum())
-    qc = q[:, :, int(p[0]) - off: int(p[-1]) + 1 - off].float().view(B, H, Hq // H, len(p), D)
+    n = min(keys.shape[2], max(0, (p1 - size) // stride + 1))  # windows ending at or before p1 - 1
+    qc = q[:, :, p0 - off: p1 - off].float().view(B, H, Hq // H, p1 - p0, D)
     s = torch.einsum("bhgcd,bhnd->bhgcn", qc, keys[:, :, :n]) * scale
-    return s, visible(p, n, size, stride)
+    return s, visible(torch.arange(p0, p1, device=q.device), n, size, stride)
 
 
 def infllm_v2_scores(q: torch.Tensor, k: torch.Tensor, block_size: int, kernel_size: int, kernel_stride: int,
@@ -92,9 +92,8 @@ def infllm_v2_scores(q: torch.Tensor, k: torch.Tensor, block_size: int, kernel_s
     n_fine, n_blocks = fine.shape[2], -(-Lk // block_size)
     parts = []
     for r0, r1, p0, p1 in _row_chunks(Lq, Lk, block_size, B * Hq * max(n_fine, 1), q.device):
-        p = torch.arange(p0, p1, device=q.device)
-        s, seen = _compressed(q, fine, p, off, kernel_size, kernel_stride, scale)
-        s2, seen2 = _compressed(q, coarse, p, off, 4 * kernel_size, 4 * kernel_stride, scale)
+        s, seen = _compressed(q, fine, p0, p1, off, kernel_size, kernel_stride, scale)
+        s2, seen2 = _compressed(q, coarse, p0, p1, off, 4 * kernel_size, 4 * kernel_stride, scale)
         lse = s2.masked_fill(~seen2, float("-inf")).logsumexp(-1, keepdim=True)  # [B, H, G, c, 1]
         lse = lse.masked_fill(torch.isinf(lse), float("inf"))  # a query seeing no coarse key weighs nothing
         weight = torch.exp(s.masked_fill_(~seen, float("-inf")).sub_(lse)).sum(2)  # [B, H, c, n]
@@ -130,8 +129,7 @@ def nsa_scores(q: torch.Tensor, k: torch.Tensor, block_size: int, kernel_size: i
     counts = F.conv1d(F.pad(torch.ones(1, 1, ratio, device=q.device), (span - 1, span - 1)), overlap)[0, 0]
     parts = []
     for r0, r1, p0, p1 in _row_chunks(Lq, Lk, block_size, B * Hq * max(n_fine, 1), q.device):
-        p = torch.arange(p0, p1, device=q.device)
-        s, seen = _compressed(q, fine, p, off, kernel_size, kernel_stride, scale)
+        s, seen = _compressed(q, fine, p0, p1, off, kernel_size, kernel_stride, scale)
         prob = torch.softmax(s.masked_fill(~seen, float("-inf")), dim=-1).nan_to_num(0.0).sum(2)  # [B, H, c, n]
         width = (n_blocks - 1) * ratio + span + ratio - 1  # the padded fine keys the last block's window ends at
         prob = F.pad(prob, (span - 1, max(0, width - (span - 1) - prob.shape[-1])))
