@@ -122,7 +122,12 @@ class ModeConfig:
         return SIDES[self.mode]
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields, ``selector`` only when it is not XAttention: a checkpoint of an XAttention-side router reads as
+        before the selector existed, so it keeps its digest."""
+        fields = asdict(self)
+        if self.selector == "xattention":
+            del fields["selector"]
+        return fields
 
     def plan(self, full_side: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> HeadPlan:
         """The HeadPlan of a routing decision.

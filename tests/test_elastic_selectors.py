@@ -73,3 +73,4 @@ def test_fa_infllm_runs_on_the_testbed_and_a_checkpoint_keeps_its_selector(tmp_p
     del data["attention"]["selector"]
     config.write_text(json.dumps(data))
     assert load_routers(tmp_path / "router").config.attention.selector == "xattention"
+    assert "selector" not in ModeConfig().to_dict()  # XAttention routers' checkpoints are written as before
