@@ -3,7 +3,8 @@
 Knows nothing of models. `HeadPlan` says what to compute, `hybrid_attention` computes it (`hybrid/`: the naive
 reference beside the masked CPU path and the fused Triton, FlexAttention and external-package backends),
 `xattention_select` chooses XAttention's blocks (`xattention/`: naive reference beside the fused and GEMM
-implementations), and `sparsity` counts what a plan computes (ΩMSR, ΩESR).
+implementations), `topk/` those of the top-k block methods (InfLLM-V2, MoBA, NSA), and `sparsity` counts what a plan
+computes (ΩMSR, ΩESR).
 """
 
 from .hybrid import available_backends, backend_names, hybrid_attention, register_backend, resolve_backend

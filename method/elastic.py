@@ -38,7 +38,7 @@ from elastic_bench.kernels import HeadPlan, Mode, hybrid_attention
 from elastic_bench.modeling.interface import AttentionCall, Method, SparsityKnob, register_method
 from elastic_bench.modeling.tensor_parallel import kv_heads, tensor_parallel
 
-from .modes import OFFICIAL_XA_THRESHOLD, PAPER_XA_THRESHOLD
+from .modes import OFFICIAL_XA_THRESHOLD, PAPER_XA_THRESHOLD, SELECTORS, ModeConfig, Selector
 
 SHIPPED_ROUTER_DIR = "elastic_router"
 UNTRAINED = "untrained"  # the `router` value that asks for fresh, seeded, untrained routers
@@ -96,6 +96,10 @@ class Elastic(Method):
         xa_threshold: XAttention threshold τ in [0, 1], or by name: ``paper`` (0.9) or ``official`` (0.8, what the
             official evaluation code of the released FA-XA / XA-SSA routers uses); None: the checkpoint's (0.9 by
             default).
+        selector: what selects the blocks of the BLOCK_SPARSE side (fa-xa, xa-ssa): ``xattention`` or a top-k block
+            method at its defaults, ``infllm_v2``, ``moba`` or ``nsa`` (FA-InfLLM: ``mode=fa-xa selector=infllm_v2``;
+            xa-ssa takes ``xattention`` or ``moba``, whose blocks are the streaming side's); None: the checkpoint's
+            (``xattention`` by default).
         seed: initialisation seed of fresh routers.
         margin: a KV head goes to the full side where its full-side logit exceeds the sparse side's by more than this
             (a one-logit router: where its logit exceeds it); 0 is the argmax, the paper's rule. A larger margin sends
@@ -111,6 +115,7 @@ class Elastic(Method):
     local: int | None = None
     granularity: Literal["token", "block"] | None = None
     xa_threshold: float | Literal["paper", "official"] | None = None
+    selector: Selector | None = None
     seed: int = 0
     margin: float = 0.0
     sparse_decode: bool = False
@@ -137,6 +142,10 @@ class Elastic(Method):
                                  f"got {self.xa_threshold!r}")
         elif self.xa_threshold is not None and not 0.0 <= self.xa_threshold <= 1.0:  # NaN fails too
             raise ValueError(f"{self.name}.xa_threshold must lie in [0, 1], got {self.xa_threshold}")
+        if self.selector is not None and self.selector not in SELECTORS:
+            raise ValueError(f"{self.name}.selector must be one of {', '.join(SELECTORS)}, got {self.selector!r}")
+        if self.mode is not None and self.selector is not None:
+            ModeConfig(mode=self.mode, selector=self.selector)  # a valid combination, before any model loads
         if self.seed < 0:
             raise ValueError(f"{self.name}.seed must be >= 0, got {self.seed}")
         self.routers = None  # elastic_bench.method.RouterBank, set by setup() or by the trainer
@@ -155,7 +164,7 @@ class Elastic(Method):
     def overrides(self) -> dict[str, Any]:
         """The `ModeConfig` fields set on this method (they replace a checkpoint's)."""
         knobs = {"mode": self.mode, "sink": self.sink, "local": self.local, "granularity": self.granularity,
-                 "xa_threshold": XA_THRESHOLDS.get(self.xa_threshold, self.xa_threshold)}
+                 "xa_threshold": XA_THRESHOLDS.get(self.xa_threshold, self.xa_threshold), "selector": self.selector}
         return {k: v for k, v in knobs.items() if v is not None}
 
     # ---- setup ---------------------------------------------------------------------------------------------------

@@ -9,6 +9,13 @@ Paper §3.1 and App. D; official eval model ``LCM-Lab/Elastic-Attention`` @ c62a
 | fa-xa    | FULL                       | BLOCK_SPARSE (XAttention)    |
 | xa-ssa   | BLOCK_SPARSE (XAttention)  | STREAMING                    |
 
+The BLOCK_SPARSE side selects its blocks with XAttention (``selector="xattention"``, the paper's) or, with
+``selector=`` the name of a top-k block method (``infllm_v2``, ``moba``, ``nsa``: `elastic_bench.baselines.topk`), with
+that method at its defaults: FA-InfLLM is ``mode="fa-xa", selector="infllm_v2"``. Valid combinations: ``fa-xa`` with
+every selector (its plan takes the selector's blocks: 64 tokens for InfLLM-V2 and NSA); ``xa-ssa`` with a selector
+whose blocks are the streaming side's (``block_size``: XAttention, MoBA); ``fa-ssa`` has no BLOCK_SPARSE side, so
+``xattention`` only.
+
 Design decisions:
 - Streaming is block-granular by default (Block-Sparse-Attention semantics): sink 128 tokens (1 block) and a local
   window of 2048 tokens (16 blocks, the diagonal block included).
@@ -23,6 +30,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -32,6 +40,8 @@ from elastic_bench.kernels import BlockSelection, HeadPlan, Mode, StreamingGeome
 from elastic_bench.kernels.xattention import RULES, Rule
 
 ModeName = Literal["fa-ssa", "fa-xa", "xa-ssa"]
+Selector = Literal["xattention", "infllm_v2", "moba", "nsa"]
+SELECTORS = ("xattention", "infllm_v2", "moba", "nsa")
 SIDES: dict[str, tuple[Mode, Mode]] = {
     "fa-ssa": (Mode.FULL, Mode.STREAMING),
     "fa-xa": (Mode.FULL, Mode.BLOCK_SPARSE),
@@ -54,6 +64,8 @@ class ModeConfig:
             the official evaluation code uses `OFFICIAL_XA_THRESHOLD` = 0.8).
         xa_rule: XAttention block-selection rule, ``upstream`` (upstream's, as the official evaluation code runs
             it) or ``strict`` (see `elastic_bench.kernels.xattention`).
+        selector: what selects the BLOCK_SPARSE side's blocks: ``xattention`` (the ``xa_*`` fields) or a top-k block
+            method at its defaults (``infllm_v2``, ``moba``, ``nsa``); fa-xa takes each, xa-ssa xattention or moba.
     """
 
     mode: ModeName = "fa-ssa"
@@ -64,6 +76,7 @@ class ModeConfig:
     xa_stride: int = 16
     xa_threshold: float = PAPER_XA_THRESHOLD
     xa_rule: Rule = "upstream"
+    selector: Selector = "xattention"
 
     def __post_init__(self):
         if self.mode not in SIDES:
@@ -75,6 +88,29 @@ class ModeConfig:
             raise ValueError(f"xa_rule must be one of {', '.join(RULES)}; got {self.xa_rule!r}")
         if self.block_size < 1 or self.xa_stride < 1 or self.block_size % self.xa_stride:
             raise ValueError(f"xa_stride ({self.xa_stride}) must be >= 1 and divide block_size ({self.block_size})")
+        if self.selector not in SELECTORS:
+            raise ValueError(f"selector must be one of {', '.join(SELECTORS)}; got {self.selector!r}")
+        if self.selector != "xattention" and Mode.BLOCK_SPARSE not in self.sides:
+            raise ValueError(f"{self.mode} has no block-sparse side to select for (selector={self.selector}): use "
+                             "fa-xa or xa-ssa")
+        if self.mode == "xa-ssa" and self.plan_block_size != self.block_size:
+            raise ValueError(f"selector={self.selector} selects {self.plan_block_size}-token blocks, the streaming "
+                             f"side's are {self.block_size}: xa-ssa takes xattention or moba (fa-xa takes every "
+                             "selector)")
+
+    @functools.cached_property
+    def top_k(self):
+        """The top-k block method that selects the BLOCK_SPARSE side's blocks (None for XAttention)."""
+        if self.selector == "xattention":
+            return None
+        from elastic_bench.modeling.interface import get_method
+
+        return get_method(self.selector)
+
+    @property
+    def plan_block_size(self) -> int:
+        """The block size of this mode's plans with a BLOCK_SPARSE head: the selector's."""
+        return self.block_size if self.top_k is None else self.top_k.block_size
 
     @property
     def geometry(self) -> StreamingGeometry:
@@ -86,7 +122,12 @@ class ModeConfig:
         return SIDES[self.mode]
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields, ``selector`` only when it is not XAttention: a checkpoint of an XAttention-side router reads as
+        before the selector existed, so it keeps its digest."""
+        fields = asdict(self)
+        if self.selector == "xattention":
+            del fields["selector"]
+        return fields
 
     def plan(self, full_side: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> HeadPlan:
         """The HeadPlan of a routing decision.
@@ -99,8 +140,8 @@ class ModeConfig:
         full_mode, sparse_mode = self.sides
         modes = torch.where(full_side.to(key.device), int(full_mode), int(sparse_mode)).to(torch.uint8)
         is_xa = modes == Mode.BLOCK_SPARSE
-        blocks = self._xattention(query, key, is_xa) if bool(is_xa.any()) else None
-        return HeadPlan(modes, self.geometry, blocks, self.block_size)
+        blocks = self._select(query, key, is_xa) if bool(is_xa.any()) else None
+        return HeadPlan(modes, self.geometry, blocks, self.plan_block_size)
 
     def side_plan(self, full: bool, query: torch.Tensor, key: torch.Tensor) -> HeadPlan:
         """Every head on one side (the two branches of the training forward); the modes on the host where the side
@@ -111,10 +152,12 @@ class ModeConfig:
             return HeadPlan.uniform(mode, B, H, streaming=self.geometry, block_size=self.block_size)
         return self.plan(torch.full((B, H), full, dtype=torch.bool, device=key.device), query, key)
 
-    def _xattention(self, query: torch.Tensor, key: torch.Tensor, heads: torch.Tensor) -> BlockSelection:
+    def _select(self, query: torch.Tensor, key: torch.Tensor, heads: torch.Tensor) -> BlockSelection:
         from elastic_bench.kernels.xattention import xattention_select
 
         with torch.no_grad():
+            if self.top_k is not None:
+                return self.top_k.select(query.detach(), key.detach(), heads)
             return xattention_select(
                 query.detach(), key.detach(), threshold=self.xa_threshold, stride=self.xa_stride,
                 block_size=self.block_size, heads=heads, rule=self.xa_rule,

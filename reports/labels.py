@@ -24,7 +24,8 @@ from urllib.parse import unquote
 
 from .collect import CellResult
 
-SHORT = {"sparsity": "s", "threshold": "τ", "xa_threshold": "xa_τ", "granularity": "gran"}
+SHORT = {"sparsity": "s", "threshold": "τ", "xa_threshold": "xa_τ", "granularity": "gran", "window_size": "window",
+         "dense_len": "dense"}
 """Short forms of option names in labels."""
 
 

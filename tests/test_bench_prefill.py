@@ -207,3 +207,17 @@ def test_help_lists_every_option(capsys):
 def test_a_router_adds_the_elastic_method():
     assert PrefillBenchConfig(methods=["full"], router="untrained").methods == ["full", "elastic"]
     assert prefill.REFERENCES == ("floor", "full")
+
+
+def test_method_options_set_the_knobs_of_the_registered_methods(tmp_path, capsys):
+    knobs = "infllm_v2.dense_len=0,infllm_v2.topk=2,infllm_v2.window_size=64,moba.chunk_size=128,moba.topk=2"
+    rc, report = _bench(tmp_path, "--lengths", "512", "--methods", "infllm_v2,moba", "--method-options", knobs)
+    assert rc == 0
+    rows = {r["method"]: r for r in report["results"]}
+    assert rows["infllm_v2"]["options"]["topk"] == 2 and rows["moba"]["options"]["chunk_size"] == 128
+    for name in ("infllm_v2", "moba"):  # sparse, and the selection's time is the routing time
+        assert rows[name]["block_density"] < 1 and rows[name]["omega_esr"] > 0 and rows[name]["routing_seconds"] > 0
+    for bad, message in (("moba.topk=2", "'moba' is not a registered method of --methods (infllm_v2)"),
+                         ("infllm_v2.topkk=2", "did you mean topk?"), ("infllm_v2", "METHOD.OPTION=VALUE")):
+        rc, _ = _bench(tmp_path / bad.replace("=", "_"), "--methods", "infllm_v2", "--method-options", bad)
+        assert rc == 2 and message in capsys.readouterr().err

@@ -36,6 +36,10 @@ METHODS = {
     "xattention": {"method_block_size": 16, "method_stride": 4, "method_threshold": 0.5},
     "elastic": {"method_router": "untrained", "method_mode": "fa-ssa", "method_sink": 2, "method_local": 8,
                 "method_granularity": "token"},
+    "infllm_v2": {"method_block_size": 16, "method_kernel_size": 8, "method_kernel_stride": 4, "method_topk": 2,
+                  "method_window_size": 16, "method_dense_len": 0},
+    "moba": {"method_chunk_size": 16, "method_topk": 2, "method_block_size": 16},
+    "nsa": {"method_block_size": 16, "method_kernel_size": 8, "method_kernel_stride": 4, "method_topk": 3},
 }
 GATED = ("duo_attention", "prulong")  # methods that read a gate file (`pattern`)
 

@@ -28,10 +28,10 @@ PROBE = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["run", "--methods", "nope"], "unknown method 'nope'; (valid: dense, duo, duo_attention, elastic,"),
-    (["run", "--methods", "full,strea"], "unknown method 'strea'; did you mean streaming?"),
+    (["run", "--methods", "nope"], "unknown method 'nope'; (13 valid method names)"),  # more than 12: counted
+    (["run", "--methods", "full,strea"], "unknown method 'strea'; did you mean streaming"),
     (["run", "-O", "nope.x=1"], "unknown method 'nope'"),
-    (["run", "--methods", "full", "-O", "streamng.local=1"], "unknown method 'streamng'; did you mean streaming?"),
+    (["run", "--methods", "full", "-O", "streamng.local=1"], "unknown method 'streamng'; did you mean streaming"),
     (["methods", "nope"], "unrecognized arguments: nope"),
 ])
 def test_an_unknown_method_name_is_refused_without_importing_torch(tmp_path, argv, message):

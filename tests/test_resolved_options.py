@@ -18,7 +18,7 @@ def test_elastic_records_the_geometry_its_router_set(tiny_models):
         method.teardown(model)
     attention = method.routers.config.attention
     assert resolved == {"mode": attention.mode, "local": attention.local, "granularity": attention.granularity,
-                        "xa_threshold": attention.xa_threshold}  # sink was given: not among the unset ones
+                        "xa_threshold": attention.xa_threshold, "selector": attention.selector}  # sink was given
     assert resolved["mode"] == "fa-ssa" and resolved["local"] == 2048
 
 

@@ -19,6 +19,9 @@ Design decisions:
   `ModeConfig.plan` (which runs the XAttention estimation of the XA heads). ``--density`` replaces the estimated
   selection by random blocks (random weights make XAttention keep nearly every block); the estimation still runs
   and is timed. The random blocks are drawn in the untimed warm-up forward and reused by the timed ones.
+- ``infllm_v2``, ``moba``, ``nsa`` (the top-k block methods), ``xattention``, ``streaming``: the registered method
+  at its defaults, or with the knobs of ``--method-options`` (e.g. a threshold or a top-k that puts two methods at the
+  same ΩESR); their block selection is all their ``plan`` does, so its time is the routing time below.
 - ``duo_attention``: the gates of ``--pattern``, or seeded uniform gates written as a temporary
   ``full_attention_heads.tsv``; binarised at ``sparsity = --omega-msr`` either way, so every method with a static
   head split streams the same share of heads.
@@ -74,7 +77,8 @@ from elastic_bench.modeling.tensor_parallel import TensorParallel, kv_heads, que
 
 REFERENCES = ("floor", "full")  # run at every length, first: every ratio needs them
 MODES = get_args(ModeName)
-METHODS = (*REFERENCES, "sdpa", *MODES, "duo_attention", "streaming", "xattention", "elastic")
+REGISTERED = ("duo_attention", "streaming", "xattention", "infllm_v2", "moba", "nsa", "elastic")  # through get_method
+METHODS = (*REFERENCES, "sdpa", *MODES, *REGISTERED)
 FLOOR_ATTENTION = "_elastic_bench_floor"  # the no-op attention's name in transformers' AttentionInterface
 STAT_KEYS = ("omega_msr", "omega_esr", "omega_esr_last_row", "num_samples", "per_sample", "prefill_backends")
 
@@ -88,8 +92,11 @@ class PrefillBenchConfig:
             shapes), tiny:llama, a local folder or a hub id.
         lengths: comma-separated prompt lengths in tokens (e.g. 32K,128K,256K).
         methods: comma-separated methods: full, fa-ssa, fa-xa, xa-ssa (Elastic Attention's modes with a seeded head
-            split), duo_attention, streaming, xattention, elastic (needs --router), sdpa (the model's own attention);
-            floor (no attention) and full always run.
+            split), duo_attention, streaming, xattention, infllm_v2, moba, nsa, elastic (needs --router), sdpa (the
+            model's own attention); floor (no attention) and full always run.
+        method_options: comma-separated knobs of the registered methods among --methods, METHOD.OPTION=VALUE (values
+            read as YAML scalars, as run -O reads them), e.g. xattention.threshold=0.5,infllm_v2.topk=32 (see
+            elastic-bench methods).
         omega_msr: share of (layer, KV head) pairs on the sparse side of fa-ssa, fa-xa and xa-ssa, and the sparsity
             duo_attention binarises its gates at.
         density: replace the XAttention selection of the BLOCK_SPARSE heads of fa-xa and xa-ssa by random blocks at
@@ -113,6 +120,7 @@ class PrefillBenchConfig:
     lengths: list[int] = field(default_factory=lambda: [32768, 131072, 262144])
     methods: list[str] = field(
         default_factory=lambda: ["full", "fa-ssa", "fa-xa", "xa-ssa", "duo_attention", "streaming", "xattention"])
+    method_options: list[str] = field(default_factory=list)
     omega_msr: float = 0.7
     density: float | None = None
     pattern: str | None = None
@@ -147,6 +155,24 @@ class PrefillBenchConfig:
             raise FileNotFoundError(f"--pattern: no file or folder at {self.pattern} (expected a "
                                     "full_attention_heads.tsv or a folder holding one)")
         self.methods = with_router(self.methods, self.router)
+        self.knobs = method_knobs(self.method_options, [m for m in self.methods if m in REGISTERED])
+
+
+def method_knobs(items: list[str], methods: list[str]) -> dict[str, dict[str, Any]]:
+    """``METHOD.OPTION=VALUE`` items as ``{method: {option: value}}`` (read as ``run -O`` reads them), each ``METHOD``
+    one of ``methods``; the options themselves are checked when the methods are built, before the model loads.
+
+    Raises:
+        ValueError: an item is not ``METHOD.OPTION=VALUE``, or names a method not among ``methods``.
+    """
+    from elastic_bench.evaluation.commands import _method_options
+
+    knobs = _method_options(items)
+    for method in knobs:
+        if method not in methods:
+            raise ValueError(f"--method-options: {method!r} is not a registered method of --methods "
+                             f"({', '.join(methods) or 'none'})")
+    return knobs
 
 
 # ---- timing ----------------------------------------------------------------------------------------------------
@@ -310,15 +336,16 @@ def build_method(name: str, model: torch.nn.Module, cfg: PrefillBenchConfig, scr
 
     if name in MODES:
         return SeededModes(mode=name, omega_msr=cfg.omega_msr, density=cfg.density, seed=cfg.seed)
+    knobs = cfg.knobs.get(name, {})
     if name == "duo_attention":
         pattern = cfg.pattern
         if pattern is None:
             layers, heads = len(attention_modules(model)), int(model.config.num_key_value_heads)
             pattern = str(seeded_gates(layers, heads, cfg.seed, scratch))
-        return get_method("duo_attention", pattern=pattern, sparsity=cfg.omega_msr)
+        return get_method("duo_attention", **{"pattern": pattern, "sparsity": cfg.omega_msr, **knobs})
     if name == "elastic":
-        return get_method("elastic", router=cfg.router)
-    return get_method(name)
+        return get_method("elastic", **{"router": cfg.router, **knobs})
+    return get_method(name, **knobs)
 
 
 def _no_attention(module, query: torch.Tensor, key, value, attention_mask, **kwargs) -> tuple[torch.Tensor, None]:
@@ -362,10 +389,13 @@ def run_prefill_bench(cfg: PrefillBenchConfig) -> dict[str, Any] | None:
 
     from tqdm import tqdm
 
+    from elastic_bench.modeling.interface import get_method
     from elastic_bench.modeling.loading import check_backend, check_device, load_model
     from elastic_bench.training.distributed import Ranks
 
     check_ranks(cfg)
+    for name, knobs in cfg.knobs.items():  # every knob checked before the model loads
+        get_method(name, **knobs)
     ranks = Ranks.from_env(cfg.device, cfg.tp)  # joins torchrun's process group
     device = check_device(ranks.device(cfg.device))
     check_backend(cfg.backend, device)

@@ -3,7 +3,9 @@
 - ``elastic-paper``: every baseline and Elastic mode as the Elastic Attention paper (arXiv 2601.17367) evaluated them,
   from the paper first and from its official code (LCM-Lab/Elastic-Attention @ c62a0fe) where the paper is silent.
 - ``upstream``: each baseline as its own repository deploys it (mit-han-lab/duo-attention @ fe93c314ae87,
-  princeton-pli/PruLong @ ff22598e2ca2, mit-han-lab/x-attention @ e37988770b9d).
+  princeton-pli/PruLong @ ff22598e2ca2, mit-han-lab/x-attention @ e37988770b9d, InfLLM-V2 as MiniCPM4's
+  ``modeling_minicpm.py`` configures OpenBMB/infllmv2_cuda_impl @ f908e73, MoonshotAI/MoBA @ 61e456b,
+  XunhaoLai/native-sparse-attention-triton @ 9bea856).
 - ``official-code``: Elastic Attention as its released code runs; the same reading of training is a set of
   ``train-router`` options (`Preset.train_router`), which ``run`` does not apply.
 
@@ -65,6 +67,19 @@ _DENSE_DECODE = ("official eval model decodes every head densely over the whole 
 _DUO_DEPLOY = ("duo-attention duo_attn/patch/llama.py: dense first chunk, then chunked prefill "
                "(reference/baselines.md §2.5)")
 
+_MINICPM = "MiniCPM4 modeling_minicpm.py, MiniCPMInfLLMv2Attention.__init__: sparse_config"
+_INFLLM_V2 = {option: Setting(value, f"{_MINICPM} {key} {value}{note}") for option, key, value, note in (
+    ("block_size", "block_size", 64, ""),
+    ("kernel_size", "kernel_size", 32, ""),
+    ("kernel_stride", "kernel_stride", 16, ""),
+    ("topk", "topk", 64, " (the window's blocks are added to it)"),
+    ("window_size", "window_size", 2048, " (local_blocks = window_size // block_size)"),
+    ("init_blocks", "init_blocks", 1, ""),
+    ("dense_len", "dense_len", 8192, " (kv_seq_len < dense_len: dense attention)"),
+)}
+_PAPER_INFLLM = ("; the Elastic paper's InfLLM-V2 setting is not checked here (reference/paper-results.md has no "
+                 "InfLLM-V2 row): upstream's value")
+_NSA = "native-sparse-attention-triton README: compressed_attention(..."
 PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset(
         "elastic-paper",
@@ -98,6 +113,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
                                                 "1 sink block + 16 local blocks (reference/method.md §6)"),
                 "sparse_decode": Setting(False, "paper silent; " + _DENSE_DECODE),
             },
+            "infllm_v2": {option: Setting(s.value, s.source + _PAPER_INFLLM) for option, s in _INFLLM_V2.items()},
         },
     ),
     Preset(
@@ -139,6 +155,16 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
                 "rule": Setting("upstream", "x-attention xattn/src/utils.py: find_blocks_chunked "
                                             "(reference/baselines.md §4.1)"),
             },
+            "infllm_v2": _INFLLM_V2,
+            "moba": {
+                "chunk_size": Setting(4096, "MoBA examples/llama.py: --moba-chunk-size 4096"),
+                "topk": Setting(12, "MoBA examples/llama.py: --moba-topk 12"),
+            },
+            "nsa": {option: Setting(value, f"{_NSA}{option}={value}); NSA paper, pretraining setup: {paper}")
+                    for option, value, paper in (
+                        ("block_size", 64, "l' = 64"), ("kernel_size", 32, "l = 32"), ("kernel_stride", 16, "d = 16"),
+                        ("topk", 16, "n = 16, the initial and local blocks included"),
+                        ("init_blocks", 1, "1 initial block"), ("local_blocks", 2, "2 local blocks"))},
         },
     ),
     Preset(
