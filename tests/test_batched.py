@@ -35,7 +35,8 @@ METHODS = {
     "nsa": {"topk": 4},
 }
 TOPK = ("infllm_v2", "moba", "nsa")  # their decode steps are full attention's: the decode-graph test skips them
-TIMING = ("prefill_seconds", "decode_seconds", "decode_ms_per_token", "batch_size", "generation_seconds")
+TIMING = ("prefill_seconds", "prefill_parts", "decode_seconds", "decode_ms_per_token", "batch_size",
+          "generation_seconds")
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ PROBE = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["run", "--methods", "nope"], "unknown method 'nope'; (13 valid method names)"),  # more than 12: counted
+    (["run", "--methods", "nope"], "unknown method 'nope'; (14 valid method names)"),  # more than 12: counted
     (["run", "--methods", "full,strea"], "unknown method 'strea'; did you mean streaming"),
     (["run", "-O", "nope.x=1"], "unknown method 'nope'"),
     (["run", "--methods", "full", "-O", "streamng.local=1"], "unknown method 'streamng'; did you mean streaming"),

@@ -23,8 +23,8 @@ from elastic_bench.results.store import Cell
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 # Fields that differ from run to run.
-TIMING = ("prefill_seconds", "prefill_seconds_median", "decode_seconds", "decode_ms_per_token", "date",
-          "predictions_sha256")
+TIMING = ("prefill_seconds", "prefill_seconds_median", "prefill_parts", "decode_seconds", "decode_ms_per_token", "date",
+          "predictions_sha256", "prefill_unexplained")
 ARGS = ["--model", "tiny:qwen3", "--tasks", "ruler_niah_single_1", "--lengths", "640", "--device", "cpu",
         "--no-progress"]
 
