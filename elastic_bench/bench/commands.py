@@ -15,14 +15,18 @@ from elastic_bench.foundation.options import check_file_output
 def _run_bench(module: str, run: str, command: Command, args: argparse.Namespace) -> int:
     """Run the benchmark function ``run`` of ``module`` on the command's config; print its table (the module's
     ``format_table``) and write its JSON with the provenance and the command line added (a benchmark returns None on
-    the ranks of a ``torchrun`` that do not report)."""
+    the ranks of a ``torchrun`` that do not report). With ``--baseline`` the cells more than ``--tolerance`` slower
+    than the baseline's on the same device are printed and recorded (``regressions``), and the status is 1."""
     from elastic_bench.foundation.files import write_json
     from elastic_bench.modeling.loading import check_device
     from elastic_bench.results.provenance import provenance
 
-    (config,) = command.configs_from(args)
+    from .regression import compare, format_regressions
+
+    config, guard = command.configs_from(args)
     check_device(config.device)
     check_file_output(config.output)
+    baseline = guard.load()  # before the benchmark runs: a bad file is one line, not minutes lost
     bench = importlib.import_module(module)
     report = getattr(bench, run)(config)
     if report is None:  # a torchrun rank other than the first: rank 0 prints and writes
@@ -30,15 +34,24 @@ def _run_bench(module: str, run: str, command: Command, args: argparse.Namespace
     report = {"provenance": provenance(report["device"]), "command": "elastic-bench " + shlex.join(args.argv),
               **report}
     print(bench.format_table(report))
+    flagged = []
+    if baseline is not None:
+        flagged, summary = compare(report, baseline, guard.tolerance)
+        report["regressions"] = {"baseline": guard.baseline, "tolerance": guard.tolerance, "summary": summary,
+                                 "cells": [{**r.key, "unit": r.unit, "baseline": r.before, "now": r.now}
+                                           for r in flagged]}
+        print(f"regression guard: {summary}")
+        if flagged:
+            print(format_regressions(flagged))
     write_json(config.output, report)
     print(f"results: {config.output}")
-    return 0
+    return 1 if flagged else 0
 
 
 def _bench(leaf: str, module: str, config: str, run: str, help: str, description: str) -> Command:
     """``bench LEAF``: the benchmark ``module``'s config class ``config`` and its function ``run``."""
     return Command(f"bench {leaf}", help, description, partial(_run_bench, module, run),
-                   configs=(f"{module}:{config}",))
+                   configs=(f"{module}:{config}", "elastic_bench.bench.regression:RegressionConfig"))
 
 
 COMMANDS = (
