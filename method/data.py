@@ -14,7 +14,14 @@ import random
 from collections.abc import Iterable
 from pathlib import Path
 
-from elastic_bench.training.records import CODE_PREFIX, SUMMARY_PREFIX, Example, read_records, to_example
+from elastic_bench.training.records import (
+    CODE_PREFIX,
+    SUMMARY_PREFIX,
+    Example,
+    read_examples,
+    read_records,
+    to_example,
+)
 
 __all__ = ["CODE_PREFIX", "DEFAULT_TARGETS", "SUMMARY_PREFIX", "Example", "check_categories", "load_examples",
            "read_records", "synthetic_records", "to_example"]
@@ -31,8 +38,9 @@ DEFAULT_TARGETS: dict[str, float] = {
     "robust": 1.0,
 }
 def load_examples(path: str | Path, targets: dict[str, float]) -> list[Example]:
-    """Examples of the records at ``path``; every category must be a key of ``targets``."""
-    examples = [to_example(r, f"{path} record {i + 1}") for i, r in enumerate(read_records(path))]
+    """Examples of the records at ``path`` (a bad record is one ValueError naming its file and line); every category
+    must be a key of ``targets``."""
+    examples = read_examples(path)
     check_categories(examples, targets)
     return examples
 
