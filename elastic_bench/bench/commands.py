@@ -16,13 +16,14 @@ def _run_bench(module: str, run: str, command: Command, args: argparse.Namespace
     """Run the benchmark function ``run`` of ``module`` on the command's config; print its table (the module's
     ``format_table``) and write its JSON with the provenance and the command line added (a benchmark returns None on
     the ranks of a ``torchrun`` that do not report)."""
-    from elastic_bench.foundation.files import write_json
+    from elastic_bench.foundation.files import check_writable, write_json
     from elastic_bench.modeling.loading import check_device
     from elastic_bench.results.provenance import provenance
 
     (config,) = command.configs_from(args)
     check_device(config.device)
     check_file_output(config.output)
+    check_writable(config.output)  # a folder that refuses the file, found before the benchmark runs
     bench = importlib.import_module(module)
     report = getattr(bench, run)(config)
     if report is None:  # a torchrun rank other than the first: rank 0 prints and writes

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_bench.foundation.commands import Command
+from elastic_bench.foundation.files import check_writable
 from elastic_bench.foundation.options import (
     CommandLineText,
     check_at_least,
@@ -216,29 +217,43 @@ def official_scoring(task: str):
 
 
 def _report(command: Command, args: argparse.Namespace) -> int:
-    from elastic_bench.reports import load_cells, summarize, write_report
+    from elastic_bench.reports import load_cells, summarize
 
     (config,) = command.configs_from(args)
     output = Path(config.output) if config.output else Path(config.run_dir) / "report"
     check_folder_output(output, "--output" if config.output else "the report folder")
+    check_writable(output / "report.md")
     cells = load_cells(config.run_dir, scorings=official_scoring)
-    written = write_report(summarize(cells), output, source=config.run_dir, delta=config.delta)
+    written = _write_report(summarize(cells), output, config.run_dir, "elastic-bench report", delta=config.delta)
     print(f"report written to {output / 'report.html'} and {output / 'report.md'} ({len(written)} files)")
     return 0
 
 
 def _compare(command: Command, args: argparse.Namespace) -> int:
     (config,) = command.configs_from(args)  # checked before the reports' imports, which take seconds
-    from elastic_bench.reports import compare, load_cells, run_names, write_report
+    from elastic_bench.reports import compare, load_cells, run_names
 
     names = run_names(config.runs)
-    cells = [c for run, name in zip(config.runs, names)
-             for c in load_cells(run, run=name, scorings=official_scoring)]
     output = Path(config.output) if config.output else Path(config.runs[0]).parent / "-".join(["compare", *names])
     check_folder_output(output, "--output" if config.output else "the comparison folder")
-    written = write_report(compare(cells), output, source=", ".join(config.runs))
+    check_writable(output / "report.md")
+    cells = [c for run, name in zip(config.runs, names)
+             for c in load_cells(run, run=name, scorings=official_scoring)]
+    written = _write_report(compare(cells), output, ", ".join(config.runs), "elastic-bench compare")
     print(f"comparison written to {output / 'report.html'} and {output / 'report.md'} ({len(written)} files)")
     return 0
+
+
+def _write_report(comparisons, output: Path, source: str, command: str, **options: Any) -> set[Path]:
+    """`elastic_bench.reports.write_report` into ``output`` holding its lock (one report writer at a time), the
+    temporary files of a report killed there before removed first; the distinct files written."""
+    from elastic_bench.foundation.files import exclusive, stray_temporaries
+    from elastic_bench.reports import write_report
+
+    with exclusive(output, command):
+        for stray in stray_temporaries(output):
+            stray.unlink(missing_ok=True)
+        return set(write_report(comparisons, output, source=source, **options))
 
 
 # ---- listings, lm-eval -------------------------------------------------------------------------------------------

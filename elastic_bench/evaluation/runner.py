@@ -155,7 +155,9 @@ class RunConfig:
 
         if self.backend != "auto" and self.backend not in backend_names():
             raise did_you_mean("attention backend", self.backend, ["auto", *backend_names()])
-        self.build_methods()
+        built = dict(zip(self.methods, self.build_methods()))  # -O text read by each option's type
+        self.method_options = {name: {key: getattr(built[name], key) for key in values}
+                               for name, values in self.method_options.items()}
 
     def build_methods(self) -> list[Method]:
         """The run's methods, each with the preset's options (none without a preset) and ``method_options`` over
@@ -336,13 +338,20 @@ def _held(method: Method, source: ModelSource, folder: Path) -> tuple[Method, di
     """``method`` loading what it loads of the learned files it names (`Method.artifacts`, by option name) from the
     private ``folder`` (`Method.hold`), the SHA-256 of each by option name (`elastic_bench.foundation.files.digest`)
     and each copy's original (by path, for messages): the bytes a cell is known by are the bytes its method loads,
-    whatever happens to the original files during the run."""
+    whatever happens to the original files during the run. What cannot fit the model is refused here
+    (`Method.check_model`)."""
     from elastic_bench.foundation.files import digest
 
     paths = method.artifacts(source.path)
     copies = {name: method.hold(name, Path(path), folder / name) for name, path in paths.items()}
     running = dataclasses.replace(method, **{name: str(copy) for name, copy in copies.items()})
     originals = {str(copy): str(paths[name]) for name, copy in copies.items()}
+    try:
+        running.check_model(source.config)  # before the weights load
+    except ValueError as err:
+        for copy, original in originals.items():  # name the user's file, not the run's copy of it
+            err = ValueError(str(err).replace(copy, original))
+        raise err from None
     return running, {name: digest(copy) for name, copy in copies.items()}, originals
 
 

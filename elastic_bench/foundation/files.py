@@ -71,10 +71,29 @@ def storage_errors(path: str | Path) -> Iterator[None]:
 
 
 def stray_temporaries(path: str | Path) -> list[Path]:
-    """The temporary files that atomic writes of ``path`` left behind (a writer killed before its rename); only
-    meaningful while no other process writes ``path``."""
+    """The temporary files that atomic writes of ``path`` left behind (a writer killed before its rename), or of any
+    file of the folder ``path``; only meaningful while no other process writes there."""
     path = Path(path)
+    if path.is_dir():
+        return sorted(p for p in path.glob(f".*{_TMP_SUFFIX}") if re.fullmatch(r"\..+\.[^.]+\.tmp", p.name))
     return sorted(path.parent.glob(f".{glob.escape(path.name)}.*{_TMP_SUFFIX}"))
+
+
+def check_writable(path: str | Path) -> None:
+    """Refuse, before any work, to write the file ``path`` where its location refuses a new file (a read-only or
+    forbidden folder, a full disk): a temporary file is created in its folder, or in the nearest folder above it that
+    exists, and removed at once; nothing else is created.
+
+    Raises:
+        StorageError: naming the folder and the reason.
+    """
+    folder = Path(path).parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    with storage_errors(folder):
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".elastic-bench-probe.", suffix=_TMP_SUFFIX)
+        os.close(fd)
+        os.unlink(probe)
 
 
 @contextmanager
