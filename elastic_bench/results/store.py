@@ -148,15 +148,16 @@ class Cell:
     def kept_problem(self, expected: Mapping[str, Mapping[str, Any]]) -> str | None:
         """Why the predictions kept from an interrupted attempt (checked by `verify`) do not belong to the cell's
         samples (None: they do): ``expected`` holds, for each sample id, the fields its prediction holds as they are
-        (JSON values: its references, metadata, prompt length); a prediction of another id, or with another value of
-        one of those fields, is not one of the samples'."""
+        (JSON values: its references, metadata, prompt length); a prediction of another id, or with one of those fields
+        written otherwise, is not one of the samples'."""
         for path in self._prediction_files():
             for number, record in enumerate(_records(path), 1):
                 fields = expected.get(record["id"])
                 if fields is None:
                     return (f"line {number} of its {path.name} is the prediction of sample {record['id']!r}, which is "
                             "not one of its samples")
-                changed = sorted(key for key, value in fields.items() if record.get(key) != value)
+                changed = sorted(key for key, value in fields.items()
+                                 if json.dumps(record.get(key)) != json.dumps(value))
                 if changed:
                     return f"line {number} of its {path.name} differs from its sample in {', '.join(changed)}"
         return None
@@ -311,7 +312,7 @@ def _score_problem(record: dict[str, Any], scoring: Scoring) -> str | None:
         computed = scoring.rescore(record)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, ArithmeticError) as err:
         return f"cannot be scored ({type(err).__name__}: {err})"
-    if computed != stored:
+    if json.dumps(computed) != json.dumps(stored):  # as written: 1 is not 1.0, nor -0.0 0.0
         return f"records the score {stored!r} where its prediction scores {computed!r}"
     return None
 
