@@ -212,15 +212,15 @@ def _read_checkpoint(path: Path) -> tuple[RouterConfig, dict[str, torch.Tensor]]
     if (path / CONFIG_FILE).exists():
         file = path / CONFIG_FILE
         data = _read_json(file)
-        if data.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"{file}: format_version must be {FORMAT_VERSION}, got {data.get('format_version')!r} "
-                             "(a router config of another elastic-bench format)")
         _check_attention(data.get("attention", {}), file)
         check_fields(RouterConfig, {k: v for k, v in data.items() if k != "format_version"}, str(file))
         try:
             config = RouterConfig.from_dict(data)
         except TypeError as err:  # a required key missing
             raise ValueError(f"{file} is not a router config written by elastic-bench: {err}") from None
+        if data.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{file}: format_version must be {FORMAT_VERSION}, got {data.get('format_version')!r} "
+                             "(a router config of another elastic-bench format)")
         _check_bounds(config, file)
         tensors = _read_router_tensors([path / WEIGHTS_FILE], str(path))
     elif (path / "config.json").exists():

@@ -295,8 +295,8 @@ def check_finite(objective: Objective, step: int, output: Path) -> None:
         params = [p for p in module.parameters() if p.requires_grad]
         if params and not bool(torch.stack([torch.isfinite(p.detach()).all() for p in params]).all()):
             raise ValueError(f"training diverged at step {step}: {name} hold non-finite values (NaN or infinity) after "
-                             f"the optimizer step (is a learning rate far too large?); {output} keeps its last "
-                             "checkpoint, nothing of this step was saved")
+                             f"the optimizer step (is a learning rate far too large?); nothing of this step was "
+                             f"saved in {output}")
 
 
 def json_safe(value: Any) -> Any:

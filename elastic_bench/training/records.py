@@ -93,7 +93,7 @@ def to_example(record: Any, where: str = "record") -> Example:
         return _filled(Example(record["prompt"], record["answer"], record["category"]), record["prompt"], where)
     if "context" in record or "question" in record:
         meta = _metadata(record.get("metadata"), where)
-        texts = {k: record.get(k) or "" for k in ("context", "question", "answer")}
+        texts = {k: "" if record.get(k) is None else record[k] for k in ("context", "question", "answer")}
         bad = [k for k, v in texts.items() if not isinstance(v, str)]
         if bad:
             raise ValueError(f"{where}: official records need string fields context, question, answer; bad: {bad}")
