@@ -16,7 +16,7 @@ import importlib
 import sys
 
 from elastic_bench.foundation.commands import Command, Group
-from elastic_bench.results.store import STORAGE_ERRNOS
+from elastic_bench.foundation.files import STORAGE_ERRNOS
 
 # The modules whose ``COMMANDS`` make the command line, in the order of its command list.
 MODULES = (

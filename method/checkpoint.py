@@ -11,9 +11,10 @@ Design decisions:
   ``xattn_stride`` (the keys FastDeploy reads) → ``xa_threshold`` / ``xa_stride``. Without ``xattn_threshold``
   elastic-bench uses the paper's τ 0.9 (the official evaluation code ran 0.8, `OFFICIAL_XA_THRESHOLD`); an
   ``xa_threshold`` override wins over either.
-- A checkpoint is checked as data before any router is built: every config number within `BOUNDS`, the tensors of
-  every layer and only those, each of the shape the config implies, every value finite. A bad file is one ValueError
-  naming the file and its first bad entry.
+- A checkpoint is checked as data before any router is built: its ``format_version`` (1), every config number within
+  `BOUNDS` and every attention field of its type and within `ATTENTION_BOUNDS`, the tensors of every layer and only
+  those, each of the shape the config implies, every value finite. A bad file is one ValueError naming the file, its
+  first bad field and the valid range. The ``training`` record is the trainer's, read as it is.
 - Writes are atomic (`elastic_bench.foundation.files.atomic_path`).
 """
 
@@ -27,7 +28,7 @@ from typing import Any
 
 import torch
 
-from elastic_bench.foundation.options import check_fields
+from elastic_bench.foundation.options import check_fields, check_value
 
 from .modes import ModeConfig
 from .router import AttentionRouter, Pooling
@@ -41,6 +42,10 @@ BOUNDS = {"num_layers": (1, 1024), "num_kv_heads": (1, 1024), "head_dim": (1, 10
           "num_logits": (1, 2), "pool_tokens": (1, 1 << 20)}
 """Inclusive bounds of a router config's numbers, checked before anything is built: beyond every released model's
 layers, KV heads and head width, and the paper's hidden widths (2 to 8 times the head's)."""
+ATTENTION_BOUNDS = {"sink": (0, 1 << 20), "local": (1, 1 << 22), "block_size": (1, 1024), "xa_stride": (1, 1024),
+                    "xa_threshold": (0.0, 1.0)}
+"""Inclusive bounds of the attention fields (`ModeConfig`): windows of up to 4M tokens, blocks of up to 1024 tokens
+(the kernels' are 64 or 128), a threshold that is a fraction; ``xa_stride`` must also divide ``block_size``."""
 
 
 @dataclass
@@ -220,17 +225,22 @@ def _read_checkpoint(path: Path) -> tuple[RouterConfig, dict[str, torch.Tensor]]
     if (path / CONFIG_FILE).exists():
         file = path / CONFIG_FILE
         data = _read_json(file)
+        _check_attention(data.get("attention", {}), file)
         check_fields(RouterConfig, {k: v for k, v in data.items() if k != "format_version"}, str(file))
         try:
             config = RouterConfig.from_dict(data)
         except TypeError as err:  # a required key missing
             raise ValueError(f"{file} is not a router config written by elastic-bench: {err}") from None
+        if data.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{file}: format_version must be {FORMAT_VERSION}, got {data.get('format_version')!r} "
+                             "(a router config of another elastic-bench format)")
         _check_bounds(config, file)
         tensors = _read_router_tensors([path / WEIGHTS_FILE], str(path))
     elif (path / "config.json").exists():
         file = path / "config.json"
         tensors = _read_router_tensors(sorted(path.glob("*.safetensors")), str(path))
         hf = _read_json(file)
+        _check_attention({key: hf[name] for name, key in _HF_ATTENTION.items() if name in hf}, file, _HF_ATTENTION)
         try:
             config = _config_from_hf(hf, tensors, str(path))
         except (KeyError, TypeError, AttributeError, ZeroDivisionError) as err:
@@ -241,6 +251,33 @@ def _read_checkpoint(path: Path) -> tuple[RouterConfig, dict[str, torch.Tensor]]
         raise FileNotFoundError(f"{path} holds neither {CONFIG_FILE} (elastic-bench) nor config.json (released model)")
     _check_tensors(config, tensors, str(path))
     return config, tensors
+
+
+_HF_ATTENTION = {"sink_size": "sink", "local_window_size": "local", "block_size": "block_size",
+                 "xattn_stride": "xa_stride", "xattn_threshold": "xa_threshold"}  # a released config's names
+
+
+def _check_attention(attention: Any, file: Path, names: dict[str, str] | None = None) -> None:
+    """Refuse attention fields (`ModeConfig`'s, as a mapping) of the wrong type or outside `ATTENTION_BOUNDS`, in one
+    line naming ``file``, the field (``attention.<field>``, or its name in ``file`` by ``names``) and what is valid."""
+    shown = {key: name for name, key in (names or {}).items()}
+    if not isinstance(attention, dict):
+        raise ValueError(f"{file}: attention must be a JSON object of {', '.join(f.name for f in fields(ModeConfig))}, "
+                         f"got {attention!r}")
+    for key, value in attention.items():
+        field_name = shown.get(key, f"attention.{key}")
+        if key not in {f.name for f in fields(ModeConfig)}:
+            raise ValueError(f"{file}: unknown key {field_name}; valid: "
+                             f"{', '.join(f'attention.{f.name}' for f in fields(ModeConfig))}")
+        check_value(ModeConfig, key, value, f"{file}: {field_name}")
+        if key in ATTENTION_BOUNDS:
+            low, high = ATTENTION_BOUNDS[key]
+            if not low <= value <= high:
+                raise ValueError(f"{file}: {field_name} must lie in [{low}, {high}], got {value!r}")
+    block, stride = attention.get("block_size", ModeConfig.block_size), attention.get("xa_stride", ModeConfig.xa_stride)
+    if block % stride:
+        raise ValueError(f"{file}: {shown.get('xa_stride', 'attention.xa_stride')} ({stride}) must divide "
+                         f"{shown.get('block_size', 'attention.block_size')} ({block})")
 
 
 def _check_bounds(config: RouterConfig, file: Path) -> None:

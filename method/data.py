@@ -27,6 +27,7 @@ from elastic_bench.training.records import (
     files_sha256,
     official_files,
     official_mixture,
+    read_examples,
     read_official,
     read_records,
     record_files,
@@ -91,8 +92,9 @@ def data_provenance_of(source: str, path: Path | None, records: list[dict[str, A
 
 
 def load_examples(path: str | Path, targets: dict[str, float]) -> list[Example]:
-    """Examples of the records at ``path``; every category must be a key of ``targets``."""
-    examples = [to_example(r, f"{path} record {i + 1}") for i, r in enumerate(read_records(path))]
+    """Examples of the records at ``path`` (a bad record is one ValueError naming its file and line); every category
+    must be a key of ``targets``."""
+    examples = read_examples(path)
     check_categories(examples, targets)
     return examples
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from elastic_bench.foundation.files import write_jsonl
+from elastic_bench.foundation.files import check_writable, write_jsonl
 from elastic_bench.foundation.options import check_at_least, check_file_output, check_lengths
 from elastic_bench.foundation.registry import did_you_mean
 from elastic_bench.training.make_records import DEFAULT_TASKS, default_lengths, make_task, router_records, task_names
@@ -77,6 +77,7 @@ def write_router_records(config: RecordsConfig) -> int:
         FileNotFoundError: the corpus, or the punkt model that splits it, is missing.
     """
     check_file_output(config.output)
+    check_writable(config.output)  # a folder that refuses the file, found before the records are made
     records = make_router_records(config)
     write_jsonl(config.output, records)
     print(f"{len(records)} records written to {config.output}")
@@ -109,11 +110,12 @@ def make_router_records(config: RecordsConfig, tokenizer=None) -> list[dict]:
     categories = [category for category in CATEGORIES if any(task.category == category for task in tasks)]
     print(f"records for {config.model}: lengths {','.join(map(str, lengths))}, {config.samples} per category "
           f"({', '.join(categories)}) and length, from {text.description}; tasks: {', '.join(names)}")
-    left_out: list[tuple[str, int, int]] = []
+    left_out: list[tuple[str, int, int | None]] = []
     stream = router_records(tokenizer, lengths, config.samples, tasks, config.seed, left_out)
     total = len(lengths) * config.samples * len(categories)
     records = list(tqdm(stream, total=total, desc="records", disable=not config.progress))
     if left_out:
         print("left out where their smallest record is longer than the length: "
-              + ", ".join(f"{name} at {length} ({tokens} tokens)" for name, length, tokens in left_out))
+              + ", ".join(f"{name} at {length} ({'too short for it' if tokens is None else f'{tokens} tokens'})"
+                        for name, length, tokens in left_out))
     return records

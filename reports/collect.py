@@ -4,9 +4,9 @@ files, its proof check).
 Design decisions:
 - A complete cell is reported only if it proves itself as the runner requires before it skips a cell
   (`elastic_bench.results.store.Cell.verify`: its predictions are those its ``metrics.json`` was computed from, and,
-  given its task's official aggregation, the scores it records are those its predictions give); otherwise it is listed
-  as failed, with the reason. The aggregations are the tasks' (`elastic_bench.tasks`), which this pillar does not
-  import: the caller passes them (`Aggregations`).
+  given its task's scoring, every prediction's score is the one its prediction and references give and the scores it
+  records are those its predictions give); otherwise it is listed as failed, with the reason. The scorings are the
+  tasks' (`elastic_bench.tasks`), which this pillar does not import: the caller passes them (`Scorings`).
 - Per-sample records (`SampleResult`) are read on first use: tables need only the cell means, the paired bootstrap
   and the routing maps need the samples.
 - The task's official breakdowns (``score_<name>`` keys of ``metrics.json``: LongBench-E's length buckets,
@@ -27,12 +27,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from elastic_bench.results.store import Cell, finished
+from elastic_bench.results.store import Cell, Scoring, finished
 
-Aggregation = Callable[[list[dict[str, Any]]], dict[str, Any]]
-Aggregations = Callable[[str], Aggregation | None]
-"""A task name → that task's official aggregation of its prediction records (``Task.aggregate``), or None for a task
-it does not know."""
+Scorings = Callable[[str], Scoring | None]
+"""A task name → that task's official scoring of its prediction records (the task: its ``rescore`` and ``aggregate``),
+or None for a task it does not know."""
 
 
 @dataclass(frozen=True)
@@ -138,13 +137,13 @@ def _number(metrics: dict[str, Any], key: str) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
 
 
-def _result(cell: Cell, run: str, aggregations: Aggregations | None) -> CellResult:
+def _result(cell: Cell, run: str, scorings: Scorings | None) -> CellResult:
     metrics = cell.metrics()
     if metrics is None:
         raise ValueError("not a JSON object")
     status, error = str(metrics["status"]), metrics.get("error")
-    aggregate = aggregations(cell.task) if aggregations is not None and status == "complete" else None
-    if status == "complete" and (reason := cell.verify(aggregate)) is not None:
+    scoring = scorings(cell.task) if scorings is not None and status == "complete" else None
+    if status == "complete" and (reason := cell.verify(scoring)) is not None:
         status, error = "failed", f"{reason} (rerun the run to compute the cell again)"
     fingerprint = metrics.get("fingerprint") if isinstance(metrics.get("fingerprint"), dict) else {}
     return CellResult(
@@ -179,14 +178,15 @@ def _result(cell: Cell, run: str, aggregations: Aggregations | None) -> CellResu
     )
 
 
-def load_cells(run_dir: str | Path, run: str = "", aggregations: Aggregations | None = None) -> list[CellResult]:
+def load_cells(run_dir: str | Path, run: str = "", scorings: Scorings | None = None) -> list[CellResult]:
     """Every finished cell under ``run_dir`` (`elastic_bench.results.store.finished`), sorted by model, method, task
     and length.
 
     Cells still running (a folder without ``metrics.json``) are not results yet and are left out. ``run`` names the
-    run in a comparison of several (`CellResult.run`). With ``aggregations``, a complete cell's scores are recomputed
-    from its proven predictions with its task's official aggregation, and a cell whose ``metrics.json`` records others
-    (an edited score) is reported as failed; without, its predictions are checked, not its scores.
+    run in a comparison of several (`CellResult.run`). With ``scorings``, every prediction's score of a complete cell
+    is computed again from its prediction and references, and the cell's scores from those with its task's official
+    aggregation: a cell whose files record others (an edited score, an edited prediction, a score outside the task's
+    range) is reported as failed; without, its predictions are checked, not its scores.
 
     Raises:
         FileNotFoundError: ``run_dir`` does not exist.
@@ -199,7 +199,7 @@ def load_cells(run_dir: str | Path, run: str = "", aggregations: Aggregations | 
     cells = []
     for cell in finished(root):
         try:
-            cells.append(_result(cell, run, aggregations))
+            cells.append(_result(cell, run, scorings))
         except (KeyError, ValueError, TypeError) as err:
             detail = f"no {err}" if isinstance(err, KeyError) else str(err)
             raise ValueError(f"{cell.metrics_path} is not a cell's metrics.json written by `elastic-bench run` "

@@ -51,12 +51,26 @@ class Group:
     notes: list[str] = field(default_factory=list)
 
 
-def groups(comparison: Comparison, delta: float = DELTA) -> list[Group]:
+def section_ids(comparisons: list[Comparison]) -> list[str]:
+    """The id of each comparison's section, which its groups' ids and plot files start with: its title's `slug`, with
+    ``-2``, ``-3``, ... where an earlier title slugs alike (``Model.A`` and ``model-a``)."""
+    ids: list[str] = []
+    for comparison in comparisons:
+        base = candidate = slug(comparison.title)
+        count = 1
+        while candidate in ids:
+            count += 1
+            candidate = f"{base}-{count}"
+        ids.append(candidate)
+    return ids
+
+
+def groups(comparison: Comparison, delta: float = DELTA, base: str | None = None) -> list[Group]:
     """The headings of one comparison, with their tables and plots, in the order both files show them (``delta``: the
-    δ in score points of the sparsity-for-free table)."""
+    δ in score points of the sparsity-for-free table; ``base``: the section's id, default its title's slug)."""
     if not comparison.configs:
         return []
-    base = slug(comparison.title)
+    base = base or slug(comparison.title)
     if not comparison.keys:  # no cell that every configuration completed: only the legend
         return [Group(f"{base}-configurations", "Configurations", [legend(comparison)])]
     summary = Group(f"{base}-summary", "Summary and Pareto frontiers", [tables.overview(comparison)],
@@ -217,9 +231,9 @@ def _html_table(table: Table) -> dict:
 def render_html(built: Built, source: str, stamp: str) -> str:
     """``report.html``: one page holding everything (see `page.TEMPLATE`)."""
     sections = []
-    for comparison, found in built:
+    for (comparison, found), section in zip(built, section_ids([c for c, _ in built])):
         sections.append({
-            "id": slug(comparison.title), "title": comparison.title,
+            "id": section, "title": comparison.title,
             "comparable": comparable(comparison) if comparison.keys else "No cell that every configuration completed.",
             "protocol": comparison.protocol.describe(),
             "groups": [{"id": g.id, "heading": g.heading, "notes": g.notes,
@@ -248,7 +262,8 @@ def write_report(comparisons: list[Comparison], output: str | Path, source: str,
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    built = [(comparison, groups(comparison, delta)) for comparison in comparisons]
+    built = [(comparison, groups(comparison, delta, base))
+             for comparison, base in zip(comparisons, section_ids(comparisons))]
     written = []
     for _, found in built:
         for group in found:

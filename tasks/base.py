@@ -57,6 +57,8 @@ class Task:
     name: str = ""
     sources: tuple[Source, ...] = ()
     identities: frozenset[str] = frozenset()
+    score_range: tuple[float, float] = (0.0, 1.0)
+    """Where every per-sample score of `score` lies."""
 
     def __init__(self, data_dir: str | None = None):
         self.data_dir = data_dir
@@ -68,6 +70,23 @@ class Task:
     def score(self, prediction: str, sample: Sample) -> float:
         """Official per-sample score of ``prediction``, in [0, 1]."""
         raise NotImplementedError
+
+    def rescore(self, record: dict[str, Any]) -> float:
+        """`score` computed again for a prediction record (a line of a cell's ``predictions.jsonl``: its
+        ``prediction``, ``references`` and ``metadata``): a stored score is checked against it, never read back.
+
+        Raises:
+            ValueError: the prediction is not a string, the references not a list of strings or the metadata not a
+                JSON object.
+        """
+        prediction, references, metadata = (record.get(k) for k in ("prediction", "references", "metadata"))
+        if not isinstance(prediction, str):
+            raise ValueError("its prediction is not a string")
+        if not isinstance(references, list) or not all(isinstance(r, str) for r in references):
+            raise ValueError("its references are not a list of strings")
+        if not isinstance(metadata, dict):
+            raise ValueError("its metadata is not a JSON object")
+        return self.score(prediction, Sample(str(record.get("id")), [], 0, references, metadata))
 
     def follow_up(self, sample: Sample, prediction: str, tokenizer) -> Sample | None:
         """A second turn built from the first ``prediction`` (LongBench-v2 chain of thought), or None; when given,

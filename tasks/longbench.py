@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import string
 import zipfile
 from functools import lru_cache
 from importlib import resources
@@ -133,6 +134,32 @@ def zip_member(path, member: str, limit: int = MAX_MEMBER_BYTES) -> bytes:
         raise ValueError(f"{path} is not a readable zip archive ({err})") from None
 
 
+def check_record(record: Any, template: str, where: str) -> None:
+    """Refuse a LongBench record that is not what ``pred.py`` and ``eval.py`` read: a JSON object whose ``template``
+    fields (``context``, ``input``, ...) are strings, ``answers`` a list of strings (a string would be scored as its
+    letters), ``all_classes`` a list of strings or null, ``length`` a whole number of words and ``_id`` a string.
+
+    Raises:
+        ValueError: one line starting with ``where`` and naming the field.
+    """
+    if not isinstance(record, dict):
+        raise ValueError(f"{where} is not a JSON object")
+    texts = sorted({name for _, name, _, _ in string.Formatter().parse(template) if name} | {"_id"})
+    for name in [*texts, "answers", "all_classes", "length"]:
+        if name not in record:
+            raise ValueError(f"{where} lacks a LongBench field ({name!r})")
+    for name in texts:
+        if not isinstance(record[name], str):
+            raise ValueError(f"{where}: {name} must be a string, got {type(record[name]).__name__}")
+    answers, classes, length = record["answers"], record["all_classes"], record["length"]
+    if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
+        raise ValueError(f"{where}: answers must be a list of strings, got {answers!r:.80}")
+    if classes is not None and (not isinstance(classes, list) or not all(isinstance(c, str) for c in classes)):
+        raise ValueError(f"{where}: all_classes must be a list of strings or null, got {classes!r:.80}")
+    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+        raise ValueError(f"{where}: length must be a whole number of words >= 0, got {length!r:.80}")
+
+
 class LongBench(Task):
     """One LongBench dataset (v1, or LongBench-E when ``extended``), read from ``data/<stem>.jsonl``."""
 
@@ -156,12 +183,10 @@ class LongBench(Task):
             stop, min_new = [tokenizer.encode("\n", add_special_tokens=False)[-1]], 1
         result = []
         for index, record in enumerate(records[:limit]):
-            try:
-                prompt = prompts[self.dataset].format(**record)
-                metadata = {"length": record["length"], "all_classes": record["all_classes"], "_id": record["_id"]}
-                answers = list(record["answers"])
-            except (KeyError, TypeError) as err:
-                raise ValueError(f"{self.name}: record {index} lacks a LongBench field ({err})") from None
+            check_record(record, prompts[self.dataset], f"{self.name}: record {index}")
+            prompt = prompts[self.dataset].format(**record)
+            metadata = {"length": record["length"], "all_classes": record["all_classes"], "_id": record["_id"]}
+            answers = list(record["answers"])
             ids = render(tokenizer, middle_truncate(tokenizer, prompt, max_length), chat=chat)
             result.append(Sample(f"{index}", ids, budgets[self.dataset], answers, metadata, stop, min_new))
         return result

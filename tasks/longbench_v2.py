@@ -74,6 +74,24 @@ def load_items(data_dir) -> list[dict[str, Any]]:
     return items
 
 
+def check_item(item: Any, where: str) -> None:
+    """Refuse a LongBench-v2 item that is not what ``pred.py`` and ``result.py`` read: a JSON object whose fields
+    (`FIELDS` and ``context``) are strings, its ``answer`` one of A, B, C, D.
+
+    Raises:
+        ValueError: one line starting with ``where`` and naming the field.
+    """
+    if not isinstance(item, dict):
+        raise ValueError(f"{where} is not a JSON object")
+    for name in (*FIELDS, "context"):
+        if name not in item:
+            raise ValueError(f"{where} lacks a LongBench-v2 field ({name!r})")
+        if not isinstance(item[name], str):
+            raise ValueError(f"{where}: {name} must be a string, got {type(item[name]).__name__}")
+    if item["answer"] not in ("A", "B", "C", "D"):
+        raise ValueError(f"{where}: answer must be one of A, B, C, D, got {item['answer']!r:.80}")
+
+
 class LongBenchV2(Task):
     """LongBench-v2, direct answer (``0shot``).
 
@@ -110,11 +128,9 @@ class LongBenchV2(Task):
         template = prompt_template("0shot_cot" if self.cot else "0shot")
         result = []
         for index, item in enumerate(load_items(self.data_dir)[:limit]):
-            try:
-                prompt = fill(template, item, context=item["context"])
-                metadata = {key: item[key] for key in FIELDS}
-            except (KeyError, AttributeError, TypeError) as err:
-                raise ValueError(f"{self.name}: item {index} lacks a LongBench-v2 field ({err})") from None
+            check_item(item, f"{self.name}: item {index}")
+            prompt = fill(template, item, context=item["context"])
+            metadata = {key: item[key] for key in FIELDS}
             metadata["budget"] = budget
             ids = render(tokenizer, middle_truncate(tokenizer, prompt, budget))
             result.append(Sample(f"{index}", ids, self.max_new_tokens, [item["answer"]], metadata))

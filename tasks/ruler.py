@@ -425,6 +425,10 @@ class FrequentWords(Ruler):
     def build(self, units, index, seed, length):
         rng = self._rng(seed, index)
         vocab_size = (length - self.max_new_tokens) // 50
+        if vocab_size < 4:  # the "..." noise word and the three answers
+            raise LengthTooShortError(f"{self.name}: a target length of {length} tokens is too short: its vocabulary "
+                                      f"holds (length − {self.max_new_tokens}) / 50 words and needs 4, so it needs at "
+                                      f"least {self.max_new_tokens + 200} tokens")
         vocab = ["".join(rng.choices(string.ascii_lowercase, k=self.coded_length)) for _ in range(vocab_size)]
         while len(set(vocab)) < vocab_size:
             vocab.append("".join(rng.choices(string.ascii_lowercase, k=self.coded_length)))

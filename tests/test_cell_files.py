@@ -88,27 +88,30 @@ def test_an_empty_buckets_nan_score_proves_itself(out):
     metrics = cell.metrics()
     cell.metrics_path.write_text(json.dumps({**metrics, "score_8k+": math.nan}))
 
-    def buckets(records):  # an official aggregation with a bucket no sample falls in
-        return {"score": metrics["score"], "score_8k+": math.nan}
+    class Buckets:  # an official scoring with a bucket no sample falls in
+        score_range = (0.0, 1.0)
 
-    assert cell.verify(buckets) is None
+        def rescore(self, record):
+            return record["score"]
+
+        def aggregate(self, records):
+            return {"score": metrics["score"], "score_8k+": math.nan}
+
+    assert cell.verify(Buckets()) is None
     cell.metrics_path.write_text(json.dumps({**metrics, "score_8k+": 12.5}))
-    assert "scores its predictions do not give (score_8k+)" in cell.verify(buckets)
+    assert "scores its predictions do not give (score_8k+)" in cell.verify(Buckets())
 
 
 @pytest.mark.parametrize("score", [0.5, math.nan])
-def test_a_report_given_the_tasks_aggregations_refuses_an_edited_score(out, score):
-    from elastic_bench import tasks
+def test_a_report_given_the_tasks_scorings_refuses_an_edited_score(out, score):
+    from elastic_bench.evaluation.commands import official_scoring
     from elastic_bench.reports import load_cells
 
-    def aggregations(name: str):
-        return tasks.get(name).aggregate if name in tasks.names() else None
-
-    (proven,) = load_cells(out, aggregations=aggregations)
+    (proven,) = load_cells(out, scorings=official_scoring)
     assert proven.complete and proven.score == _cell(out).metrics()["score"]
     cell = _cell(out)
     cell.metrics_path.write_text(json.dumps({**cell.metrics(), "score": score}))
-    (edited,) = load_cells(out, aggregations=aggregations)
+    (edited,) = load_cells(out, scorings=official_scoring)
     assert not edited.complete and "scores its predictions do not give (score)" in edited.error
 
 

@@ -4,7 +4,8 @@ model loads, and leave an existing results folder byte-identical.
 
 Every case holds at least one input that is bad whatever the rest of the case says (a wrong-typed value, an unknown
 option or name, a bad ``-O`` item, a malformed or ill-typed YAML file, a missing required option, an impossible
-device or output path, an out-of-range value), next to random well-typed options of the same command.
+device or output path, an out-of-range value, a hostile learned file, a torchrun environment torchrun never sets), next
+to random well-typed options of the same command. No case prints a traceback or an internal error.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import json
 import random
 import sys
 import types
@@ -23,13 +25,13 @@ import yaml
 
 from elastic_bench import cli
 
-CASES = 260
+CASES = 320  # and the lm-eval cases below
 SEED = 2024
 COMMANDS = ["run", "report", "compare", "bench kernel", "bench prefill", "bench decode", "records", "train-router",
             "train-duo", "train-prulong", "testbed train", "testbed data", "testbed eval", "testbed heads",
-            "testbed probe", "methods", "tasks"]
-WEIGHTS = [5, 2, 1, 1, 1.5, 1.5, 1.5, 2, 1, 1, 1, 1, 1, 1, 1, 0.5, 0.5]  # how often each is drawn: run has most inputs
-FOLDER_OUTPUT = {"run", "train-router", "train-duo", "train-prulong", "testbed train", "report", "compare"}
+            "testbed probe", "methods", "tasks", "demo"]
+WEIGHTS = [5, 2, 1, 1, 1.5, 1.5, 1.5, 2, 1, 1, 1, 1, 1, 1, 1, 0.5, 0.5, 1]  # how often each is drawn: run has most
+FOLDER_OUTPUT = {"run", "train-router", "train-duo", "train-prulong", "testbed train", "report", "compare", "demo"}
 FILE_OUTPUT = {"bench kernel", "bench prefill", "bench decode", "records", "testbed data", "testbed eval",
                "testbed heads"}  # --output is a file
 RUN_FOLDERS = {"report": 1, "compare": 2}  # commands that take run folders as arguments: how many a case gives
@@ -64,7 +66,17 @@ OUT_OF_RANGE = {
     "testbed probe": [("--samples", "0"), ("--length", "0")],
     "report": [("--protocol", "bogus"), ("--delta", "-1")],
     "compare": [("--protocol", "Paper")],
+    "demo": [("--limit", "0"), ("--lengths", "0"), ("--lengths", "1K,-1")],
 }
+# Learned files a hostile or careless user hands a method (made by the `paths` fixture): each refused before the model
+# loads. method -> [(option, file)].
+HOSTILE_FILES = {"elastic": [("router", "router-format-99"), ("router", "router-huge-block"),
+                             ("router", "router-sink-negative")],
+                 "duo_attention": [("pattern", "gates-words.tsv"), ("pattern", "gates-nan.tsv")]}
+# torchrun environments torchrun never sets, for the commands that read it before anything else of weight.
+BAD_ENVIRONMENTS = [{"WORLD_SIZE": "two"}, {"WORLD_SIZE": "2"}, {"WORLD_SIZE": "2", "RANK": "5"},
+                    {"WORLD_SIZE": "-1"}, {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "x"}]
+READS_TORCHRUN = {"train-duo", "train-prulong", "bench prefill"}
 BAD_DEVICES = ["gpu", "cuda:999", "cuda:-1", "", "cuda:x", "tpu:0", "CPU", " cpu"]
 BAD_METHOD_OPTIONS = [
     "streaming.local", "streaminglocal=3", ".local=3", "streaming.=3", "=", "", "streaming.local=abc",
@@ -187,7 +199,8 @@ def ill_typed(tp) -> list:
 
 
 def make_case(rng: random.Random, command: str, options: list[Option], paths: dict[str, Path], index: int):
-    """One malformed command line of ``command``: its words, one or two bad inputs and random well-typed options."""
+    """One malformed command line of ``command`` (its words, one or two bad inputs and random well-typed options) and
+    the environment it runs in (a torchrun environment torchrun never sets is one of the bad inputs)."""
     by_dest = {o.dest: o for o in options}
     kinds = ["unknown option", "stray argument"]  # argparse refuses these first: drawn less than the rest
     if any(o.kind in WRONG for o in options):
@@ -205,10 +218,13 @@ def make_case(rng: random.Random, command: str, options: list[Option], paths: di
     if command in OUT_OF_RANGE:
         kinds += ["out of range"] * 3
     if command == "run":
-        kinds += ["-O"] * 4 + ["yaml"] * 4 + ["unknown name"] * 2 + ["missing config"]
+        kinds += ["-O"] * 4 + ["yaml"] * 4 + ["unknown name"] * 2 + ["missing config"] + ["learned file"] * 2
+    if command in READS_TORCHRUN:
+        kinds += ["environment"] * 2
     if command in RUN_FOLDERS:
         kinds += ["bad run folder"] * 3
     bad: list[list[str]] = []
+    environment: dict[str, str] = {}
     taken: set[str] = set()  # options the bad inputs set: the well-typed ones must not override them
     drop_required = False
     run_dirs = [str(paths["results"])] * RUN_FOLDERS.get(command, 0)
@@ -218,11 +234,8 @@ def make_case(rng: random.Random, command: str, options: list[Option], paths: di
             bad.append([f"--{word}-{index}"] + ([rng.choice(["1", "x"])] if rng.random() < 0.5 else []))
         elif kind == "stray argument":
             bad.append([rng.choice(["stray", "extra", "1"])])
-        elif kind == "wrong type":
-            typed = [o for o in options if o.kind in WRONG and o.dest not in taken]
-            if not typed:  # drawn twice for a command with one typed option
-                continue
-            option = rng.choice(typed)
+        elif kind == "wrong type" and (free := [o for o in options if o.kind in WRONG and o.dest not in taken]):
+            option = rng.choice(free)
             bad.append([option.flag, rng.choice(WRONG[option.kind])])
             taken.add(option.dest)
         elif kind == "bad choice":
@@ -260,9 +273,16 @@ def make_case(rng: random.Random, command: str, options: list[Option], paths: di
             option = rng.choice(["--methods", "--tasks"])
             bad.append([option, rng.choice(["full,nope", "nope", "strea ming", "ruler_nope"])])
             taken.add(option[2:])
+        elif kind == "learned file" and "methods" not in taken:
+            method = rng.choice(sorted(HOSTILE_FILES))
+            option, name = rng.choice(HOSTILE_FILES[method])
+            bad.append(["--methods", method, "-O", f"{method}.{option}={paths['scratch'] / name}"])
+            taken.add("methods")
+        elif kind == "environment":
+            environment = rng.choice(BAD_ENVIRONMENTS)
         elif kind == "bad run folder" and run_dirs:
             run_dirs[-1] = str(rng.choice([paths["scratch"] / "absent", paths["file"], paths["empty"]]))
-    if not bad and not drop_required:  # every kind drawn was already taken: fall back to an unknown option
+    if not bad and not drop_required and not environment:  # every kind drawn was taken: an unknown option
         bad.append([f"--bogus-{index}"])
     filler = [o for o in options if o.dest not in taken and o.kind != "special" and not o.required]
     pieces = [well_typed(rng, command, o, paths) for o in rng.sample(filler, min(len(filler), rng.randint(0, 4)))]
@@ -270,7 +290,7 @@ def make_case(rng: random.Random, command: str, options: list[Option], paths: di
         pieces += [well_typed(rng, command, o, paths) for o in options if o.required and o.dest not in taken]
     pieces += bad
     rng.shuffle(pieces)
-    return command.split() + run_dirs + [w for piece in pieces for w in piece]
+    return command.split() + run_dirs + [w for piece in pieces for w in piece], environment
 
 
 def digest(folder: Path) -> dict[str, str]:
@@ -290,8 +310,24 @@ def paths(tmp_path_factory) -> dict[str, Path]:
     (root / "a-file.txt").write_text("not a folder")
     for name in ("a-folder", "empty", "scratch"):
         (root / name).mkdir()
+    hostile_files(root / "scratch")
     return {"results": results, "file": root / "a-file.txt", "folder": root / "a-folder", "empty": root / "empty",
             "scratch": root / "scratch"}
+
+
+def hostile_files(folder: Path) -> None:
+    """The learned files of `HOSTILE_FILES` in ``folder``: routers whose configs are of another format or out of range,
+    gate tables that are not numbers or not finite."""
+    from elastic_bench.method import RouterConfig, save_routers
+
+    for name, change in (("router-format-99", {"format_version": 99}),
+                         ("router-huge-block", {"attention": {"block_size": 1 << 30}}),
+                         ("router-sink-negative", {"attention": {"sink": -1}})):
+        router = save_routers(RouterConfig(2, 2, 16).build(), folder / name)
+        config = json.loads((router / "router_config.json").read_text())
+        (router / "router_config.json").write_text(json.dumps({**config, **change}))
+    (folder / "gates-words.tsv").write_text("full\tstreaming\n1\t0\n")
+    (folder / "gates-nan.tsv").write_text("nan\t1\n1\t0\n")
 
 
 class Reached(BaseException):
@@ -317,13 +353,17 @@ def test_malformed_command_lines_end_in_one_line_before_any_model_loads(paths, c
     capsys.readouterr()
     for index in range(CASES):
         command = COMMANDS[index] if index < len(COMMANDS) else rng.choices(COMMANDS, WEIGHTS)[0]
-        argv = make_case(rng, command, options[command], paths, index)
-        code, out, err = outcome(argv, capsys)
+        argv, environment = make_case(rng, command, options[command], paths, index)
+        with monkeypatch.context() as case:
+            for name, value in environment.items():
+                case.setenv(name, value)
+            code, out, err = outcome(argv, capsys)
+        argv = [*(f"{k}={v}" for k, v in environment.items()), *argv]
         if isinstance(code, str):
             failures.append(f"{argv}: {code} (the case was not refused)")
             continue
         lines = err.strip().splitlines()
-        if code != 2 or len(lines) != 1 or "Traceback" in err + out:
+        if code != 2 or len(lines) != 1 or "Traceback" in err + out or "internal error" in err:
             failures.append(f"{argv}: exit {code}, stderr {err!r}")
         if digest(paths["results"]) != before:
             failures.append(f"{argv}: changed the results folder")

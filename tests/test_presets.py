@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from elastic_bench import cli
-from elastic_bench.evaluation.commands import _yaml_scalar
+from elastic_bench.evaluation.commands import _option_text
 from elastic_bench.evaluation.presets import PRESETS, applies, describe, get_preset
 from elastic_bench.evaluation.runner import RunConfig, run
 from elastic_bench.foundation.options import check_value
@@ -32,7 +32,7 @@ def documented() -> set[tuple[str, str, str, str, str]]:
 
 
 def test_every_preset_value_and_source_is_the_documented_one():
-    in_code = {(name, target, option, _yaml_scalar(value), source)
+    in_code = {(name, target, option, _option_text(value), source)
                for name, preset in PRESETS.items() for target, option, value, source in describe(preset)}
     table = documented()
     assert len(in_code) > 30

@@ -31,5 +31,5 @@ def test_without_the_key_the_paper_threshold_applies_and_a_bad_one_is_refused(tm
     (tmp_path / "plain").mkdir()
     assert load_routers(_released(tmp_path / "plain")).config.attention.xa_threshold == PAPER_XA_THRESHOLD
     (tmp_path / "bad").mkdir()
-    with pytest.raises(ValueError, match="xa_threshold must lie in"):
-        load_routers(_released(tmp_path / "bad", xattn_threshold=1.5))
+    with pytest.raises(ValueError, match=r"config.json: xattn_threshold must lie in \[0.0, 1.0\], got 1.5$"):
+        load_routers(_released(tmp_path / "bad", xattn_threshold=1.5))  # named as the released config names it

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from fixtures.cells import ruler_line
 
 from elastic_bench import cli
 from elastic_bench.reports import compare, load_cells, pareto_front, render, run_names, summarize, write_report
@@ -37,8 +38,8 @@ def _cell(root, method, task, length, score, esr, prefill, status="complete", mo
     if status == "complete":
         meta = {"length": length, **({"category": category} if category else {})}
         for i, s in enumerate(scores or [score / 100] * 4):
-            cell.append({"id": str(i), "score": s, "metadata": meta, "omega_msr": esr * 2,
-                         "decisions": [[i % 2, 1], [0, 1]]})
+            cell.append({"id": str(i), **(ruler_line(s) if task.startswith("ruler_") else {}), "score": s,
+                         "metadata": meta, "omega_msr": esr * 2, "decisions": [[i % 2, 1], [0, 1]]})
         metrics.update(score=score, omega_msr=esr * 2, omega_esr=esr, prefill_seconds=prefill * 2,
                        prefill_seconds_median=prefill)
     else:

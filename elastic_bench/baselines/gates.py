@@ -92,6 +92,12 @@ def gate_provenance(path: str | Path) -> dict[str, Any] | None:
     return check_provenance(recorded.get("provenance") if isinstance(recorded, dict) else None, str(settings))
 
 
+def _check_shape(path: Path, gates: np.ndarray, expected: tuple[int, int]) -> None:
+    if gates.shape != expected:
+        raise ValueError(f"head gates in {path} are {gates.shape[0]} layers × {gates.shape[1]} KV heads; the model has "
+                         f"{expected[0]} layers × {expected[1]} KV heads")
+
+
 def binarize(gates: np.ndarray, sparsity: float | None, seed: int = 0) -> np.ndarray:
     """DuoAttention's ``sparsify_attention_heads``: True = retrieval (FULL) head.
 
@@ -191,6 +197,8 @@ class HeadGates(Method):
         if self.pattern != "auto" and not Path(self.pattern).exists():
             raise FileNotFoundError(f"{self.name}.pattern: no file or folder at {self.pattern} (expected a "
                                     "full_attention_heads.tsv or a folder holding one, or 'auto')")
+        # read and checked once, before any model loads; `setup` (every cell) reuses them
+        self._gates = (Path(self.pattern), load_gates(self.pattern)) if self.pattern != "auto" else None
 
     def gate_file(self, model_dir: str) -> Path:
         """The gate file (or folder) this method loads for the model at ``model_dir`` (``pattern``, or for ``"auto"``
@@ -205,18 +213,25 @@ class HeadGates(Method):
         """The gate trainer's record beside the gate file (`gate_provenance`)."""
         return gate_provenance(path)
 
+    def check_model(self, config) -> None:
+        """Refuse gates whose table is not the model's layers × KV heads (of its transformers ``config``)."""
+        path, gates = self._loaded(getattr(config, "_name_or_path", "") or "")
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        _check_shape(path, gates, (config.num_hidden_layers, heads))
+
+    def _loaded(self, model_dir: str) -> tuple[Path, np.ndarray]:
+        """The gate file for the model at ``model_dir`` and its gates, read once."""
+        path = self.gate_file(model_dir)
+        if self._gates is None or self._gates[0] != path:
+            self._gates = (path, load_gates(path))
+        return self._gates
+
     def setup(self, model: nn.Module) -> None:
         from elastic_bench.modeling.attention import attention_modules
 
-        path = self.gate_file(getattr(model.config, "_name_or_path", "") or "")
-        gates = load_gates(path)
+        path, gates = self._loaded(getattr(model.config, "_name_or_path", "") or "")
         modules = attention_modules(model)
-        expected = (len(modules), model.config.num_key_value_heads)
-        if gates.shape != expected:
-            raise ValueError(
-                f"head gates in {path} are {gates.shape[0]} layers × {gates.shape[1]} KV heads; "
-                f"the model has {expected[0]} layers × {expected[1]} KV heads"
-            )
+        _check_shape(path, gates, (len(modules), model.config.num_key_value_heads))
         retrieval = binarize(gates, self.sparsity, self.seed)
         self._modes = torch.from_numpy(np.where(retrieval, int(Mode.FULL), int(Mode.STREAMING)).astype(np.uint8))
         self._layer_row = {m.layer_idx: i for i, m in enumerate(modules)}

@@ -17,7 +17,7 @@ def _run_bench(module: str, run: str, command: Command, args: argparse.Namespace
     ``format_table``) and write its JSON with the provenance and the command line added (a benchmark returns None on
     the ranks of a ``torchrun`` that do not report). With ``--baseline`` the cells more than ``--tolerance`` slower
     than the baseline's on the same device are printed and recorded (``regressions``), and the status is 1."""
-    from elastic_bench.foundation.files import write_json
+    from elastic_bench.foundation.files import check_writable, write_json
     from elastic_bench.modeling.loading import check_device
     from elastic_bench.results.provenance import provenance
 
@@ -26,6 +26,7 @@ def _run_bench(module: str, run: str, command: Command, args: argparse.Namespace
     config, guard = command.configs_from(args)
     check_device(config.device)
     check_file_output(config.output)
+    check_writable(config.output)  # a folder that refuses the file, found before the benchmark runs
     baseline = guard.load()  # before the benchmark runs: a bad file is one line, not minutes lost
     bench = importlib.import_module(module)
     report = getattr(bench, run)(config)

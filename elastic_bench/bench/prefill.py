@@ -56,7 +56,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 import statistics
 import sys
 from collections.abc import Callable, Iterator
@@ -361,9 +360,9 @@ def check_ranks(cfg: PrefillBenchConfig) -> None:
     """Refuse a tensor-parallel benchmark that cannot work, in one line before any weights load: the benchmark times
     one model, so ``torchrun``'s processes are exactly its ``--tp`` ranks; then the model's heads and family
     (`elastic_bench.modeling.loading.check_placement`, on its config)."""
-    from elastic_bench.modeling.loading import check_placement
+    from elastic_bench.modeling.loading import check_placement, torchrun_world_size
 
-    world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's processes (1 outside it)
+    world = torchrun_world_size()
     if world == 1 and cfg.tp > 1:
         raise ValueError(f"--tp {cfg.tp} needs torchrun: torchrun --nproc-per-node {cfg.tp} -m elastic_bench bench "
                          f"prefill --tp {cfg.tp} ...")

@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from elastic_bench.foundation.commands import Command
-from elastic_bench.foundation.options import check_at_least, check_folder_output, check_lengths, field_help
+from elastic_bench.foundation.files import check_writable
+from elastic_bench.foundation.options import (
+    CommandLineText,
+    check_at_least,
+    check_folder_output,
+    check_lengths,
+    field_help,
+)
 from elastic_bench.results.protocols import get_protocol
 from elastic_bench.testbed import STREAMING_LOCAL, STREAMING_SINK
 
@@ -167,24 +174,20 @@ def _run_file_defaults(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _method_options(items: list[str]) -> dict[str, dict[str, Any]]:
-    """``-O METHOD.OPTION=VALUE`` items as ``{method: {option: value}}`` (values read as YAML scalars).
+    """``-O METHOD.OPTION=VALUE`` items as ``{method: {option: value}}``; each value is the text after ``=`` as it is
+    (`CommandLineText`), which the method reads by the option's declared type.
 
     Raises:
         ValueError: an item is not ``METHOD.OPTION=VALUE``, or one option is given two different values (a run holds
             one configuration per method: a sweep is one ``run`` per value into the same folder).
     """
-    import yaml
-
     options: dict[str, dict[str, Any]] = {}
     for item in items:
         key, sep, raw = item.partition("=")
         method, dot, option = key.partition(".")
         if not sep or not dot or not option:
             raise ValueError(f"method options look like METHOD.OPTION=VALUE (e.g. streaming.local=256); got {item!r}")
-        try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError:
-            value = raw
+        value = CommandLineText(raw)
         given = options.setdefault(method, {})
         if option in given and given[option] != value:
             raise ValueError(f"-O {key} is given twice ({given[option]!r}, then {value!r}); a run evaluates one "
@@ -228,51 +231,66 @@ def _demo(command: Command, args: argparse.Namespace) -> int:
     rows = run(config)
     print(format_rows(rows, config.output))
     report = Path(config.output) / "report"
-    cells = load_cells(config.output, aggregations=official_aggregation)
+    cells = load_cells(config.output, scorings=official_scoring)
     write_report(summarize(cells), report, source=str(config.output))
     print(f"demo results written to {config.output}; report: {report / 'report.html'} and {report / 'report.md'}")
     # The router target sweep that chose the shipped router (H200, 50 samples per cell; docs/testbed.md), precomputed:
     # its frontier places a router per target among the static baselines.
     sweep = Path(config.output) / "sweep_report"
-    write_report(summarize(load_cells(TESTBED_DIR / "sweep_run", aggregations=official_aggregation)), sweep,
+    write_report(summarize(load_cells(TESTBED_DIR / "sweep_run", scorings=official_scoring)), sweep,
                  source="the testbed's router target sweep (elastic_bench/data/testbed/sweep_run, one H200)")
     print(f"router target sweep (precomputed): {sweep / 'report.html'} and {sweep / 'report.md'}")
     return 0 if all(r["status"] == "complete" for r in rows) else 1
 
 
-def official_aggregation(task: str):
-    """The official aggregation of a registered task's per-sample records (None for a task no longer registered):
-    the reports recompute a complete cell's scores with it (`elastic_bench.reports.load_cells`)."""
+def official_scoring(task: str):
+    """The registered task ``task``, whose official scorer and aggregation the reports compute a complete cell's
+    scores with (`elastic_bench.reports.load_cells`); None for a task no longer registered."""
     from elastic_bench import tasks
 
-    return tasks.get(task).aggregate if task in tasks.names() else None
+    return tasks.get(task) if task in tasks.names() else None
 
 
 def _report(command: Command, args: argparse.Namespace) -> int:
-    from elastic_bench.reports import load_cells, summarize, write_report
+    from elastic_bench.reports import load_cells, summarize
 
     (config,) = command.configs_from(args)
     output = Path(config.output) if config.output else Path(config.run_dir) / "report"
     check_folder_output(output, "--output" if config.output else "the report folder")
-    cells = load_cells(config.run_dir, aggregations=official_aggregation)
-    written = write_report(summarize(cells, get_protocol(config.protocol)), output, source=config.run_dir,
-                           delta=config.delta)
+    check_writable(output / "report.md")
+    cells = load_cells(config.run_dir, scorings=official_scoring)
+    written = _write_report(summarize(cells, get_protocol(config.protocol)), output, config.run_dir,
+                            "elastic-bench report", delta=config.delta)
     print(f"report written to {output / 'report.html'} and {output / 'report.md'} ({len(written)} files)")
     return 0
 
 
 def _compare(command: Command, args: argparse.Namespace) -> int:
     (config,) = command.configs_from(args)  # checked before the reports' imports, which take seconds
-    from elastic_bench.reports import compare, load_cells, run_names, write_report
+    from elastic_bench.reports import compare, load_cells, run_names
 
     names = run_names(config.runs)
-    cells = [c for run, name in zip(config.runs, names)
-             for c in load_cells(run, run=name, aggregations=official_aggregation)]
     output = Path(config.output) if config.output else Path(config.runs[0]).parent / "-".join(["compare", *names])
     check_folder_output(output, "--output" if config.output else "the comparison folder")
-    written = write_report(compare(cells, get_protocol(config.protocol)), output, source=", ".join(config.runs))
+    check_writable(output / "report.md")
+    cells = [c for run, name in zip(config.runs, names)
+             for c in load_cells(run, run=name, scorings=official_scoring)]
+    written = _write_report(compare(cells, get_protocol(config.protocol)), output, ", ".join(config.runs),
+                            "elastic-bench compare")
     print(f"comparison written to {output / 'report.html'} and {output / 'report.md'} ({len(written)} files)")
     return 0
+
+
+def _write_report(comparisons, output: Path, source: str, command: str, **options: Any) -> set[Path]:
+    """`elastic_bench.reports.write_report` into ``output`` holding its lock (one report writer at a time), the
+    temporary files of a report killed there before removed first; the distinct files written."""
+    from elastic_bench.foundation.files import exclusive, stray_temporaries
+    from elastic_bench.reports import write_report
+
+    with exclusive(output, command):
+        for stray in stray_temporaries(output):
+            stray.unlink(missing_ok=True)
+        return set(write_report(comparisons, output, source=source, **options))
 
 
 # ---- listings, lm-eval -------------------------------------------------------------------------------------------
@@ -290,11 +308,11 @@ def _summary(doc: str | None) -> str:
     return plain(re.split(r"(?<=\.)\s+(?=[A-Z])", paragraph, maxsplit=1)[0])
 
 
-def _yaml_scalar(value: Any) -> str:
-    """``value`` spelt as ``-O METHOD.OPTION=VALUE`` reads it (a YAML scalar; a mapping as ``NAME=VALUE,...``, as a
-    ``dict`` option reads it)."""
+def _option_text(value: Any) -> str:
+    """``value`` spelt as ``-O METHOD.OPTION=VALUE`` reads it (None as ``null``, a bool as ``true``/``false``; a
+    mapping as ``NAME=VALUE,...``, as a ``dict`` option reads it)."""
     if isinstance(value, dict):
-        return ",".join(f"{k}={_yaml_scalar(v)}" for k, v in value.items())
+        return ",".join(f"{k}={_option_text(v)}" for k, v in value.items())
     if value is None or isinstance(value, bool):
         return {None: "null", True: "true", False: "false"}[value]
     return str(value)
@@ -325,7 +343,7 @@ def _list_methods(command: Command, args: argparse.Namespace) -> int:
     from elastic_bench.modeling.interface import REGISTRY, method_names
 
     classes = {name: REGISTRY.get(name) for name in method_names()}
-    knobs = {name: [(f.name, _yaml_scalar(f.default), plain(field_help(cls).get(f.name, "")))
+    knobs = {name: [(f.name, _option_text(f.default), plain(field_help(cls).get(f.name, "")))
                     for f in dataclasses.fields(cls)] for name, cls in classes.items()}
     knob_widths = [max((len(row[i]) for rows in knobs.values() for row in rows), default=0) for i in range(2)]
     method_width = [max(map(len, classes))]
@@ -333,8 +351,8 @@ def _list_methods(command: Command, args: argparse.Namespace) -> int:
         print("\n".join(aligned([(name, _summary(cls.__doc__))], widths=method_width)))
         if knobs[name]:
             print("\n".join(aligned(knobs[name], indent=4, widths=knob_widths)))
-    note = ("Set an option with elastic-bench run -O METHOD.OPTION=VALUE (e.g. -O streaming.local=256); values are "
-            "read as YAML scalars (null, true, 0.5, text).")
+    note = ("Set an option with elastic-bench run -O METHOD.OPTION=VALUE (e.g. -O streaming.local=256); a value is "
+            "read as its option's type, as a flag's is (256 or 2K, 0.5, true or false, none, text as written).")
     print("\n" + textwrap.fill(note, _width()))
     return 0
 
@@ -350,8 +368,8 @@ def _list_preset(name: str) -> int:
     print(textwrap.fill(f"{name}: {preset.summary}.", _width()))
     for target, option, value, source in describe(preset):
         flag = flags.get(option, "--" + option.replace("_", "-"))
-        shown = (f"-O {target}.{option}={_yaml_scalar(value)}" if target != "train-router" else
-                 f"train-router {flag} {shlex.quote(_yaml_scalar(value))}")
+        shown = (f"-O {target}.{option}={_option_text(value)}" if target != "train-router" else
+                 f"train-router {flag} {shlex.quote(_option_text(value))}")
         print("\n" + shown + "\n" + textwrap.fill(source, _width(), initial_indent=" " * 4, subsequent_indent=" " * 4))
     note = (f"elastic-bench run --preset {name} sets the method options (explicit -O options override them); the "
             "train-router options are not applied by run: pass them to train-router. Sources: docs/presets.md.")

@@ -69,7 +69,7 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import Collator
 
 from elastic_bench.foundation.files import write_json
-from elastic_bench.foundation.options import check_value
+from elastic_bench.foundation.options import CommandLineText, check_value
 from elastic_bench.foundation.registry import did_you_mean
 from elastic_bench.kernels import Mode, causal_pairs, sample_means
 from elastic_bench.modeling.attention import apply
@@ -88,7 +88,6 @@ from elastic_bench.training.distributed import Ranks
 
 HFLM_ARGS = [name for name in inspect.signature(HFLM.__init__).parameters if name not in ("self", "kwargs")]
 OUR_ARGS = ["method", "kernel_backend", "tp"]
-WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False, "none": None, "null": None}
 logger = logging.getLogger(__name__)
 REPORT_KEY = "elastic_bench"  # where the method and its sparsity go in lm-eval's results config and samples
 GREEDY_KWARGS = {"attention_mask", "do_sample", "temperature", "top_p", "top_k"}  # what greedy generation may be given
@@ -485,29 +484,20 @@ def build_method(name: str, kwargs: dict[str, Any]):
 
 
 def typed(cls: type, knob: str, value: Any) -> Any:
-    """``value`` as the type of field ``knob`` of the method dataclass ``cls`` wants it: a command-line string is
-    read as a bool (``true/false/yes/no/on/off``), None (``none/null``), an int or a float where the field takes no
-    string; a number lm-eval already converted is taken back as a string where only a string fits."""
+    """``value`` as the type of field ``knob`` of the method dataclass ``cls`` wants it: a string is read as the knob's
+    flag reads its text (`CommandLineText`); a value lm-eval already converted from its text (it reads ``-1`` as
+    -1.0 and ``true`` as True) is taken as it is where it fits, else read again from its text."""
     where = f"method_{knob}"
+    if isinstance(value, str):
+        return check_value(cls, knob, CommandLineText(value), where)
     try:
         return check_value(cls, knob, value, where)
     except ValueError as err:
-        candidates = [_word(value)] if isinstance(value, str) else [str(value)]
-        for candidate in candidates:
+        texts = [str(int(value))] if isinstance(value, float) and value.is_integer() else []
+        for text in [*texts, str(value)]:
             with contextlib.suppress(ValueError):
-                return check_value(cls, knob, candidate, where)
+                return check_value(cls, knob, CommandLineText(text), where)
         raise err from None
-
-
-def _word(text: str) -> Any:
-    """A command-line value read as a bool, None, int or float (else the text itself)."""
-    lower = text.strip().lower()
-    if lower in WORDS:
-        return WORDS[lower]
-    for kind in (int, float):
-        with contextlib.suppress(ValueError):
-            return kind(lower)
-    return text
 
 
 def _device(spec: str | None) -> tuple[torch.device, bool]:

@@ -30,7 +30,6 @@ import json
 import math
 import statistics
 import sys
-import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -46,10 +45,11 @@ from elastic_bench.evaluation.held_out import artifact_provenance, in_distributi
 from elastic_bench.evaluation.presets import applies, get_preset
 from elastic_bench.evaluation.presets import label as preset_label
 from elastic_bench.evaluation.terminal import summary_row
+from elastic_bench.foundation.files import StorageError
 from elastic_bench.foundation.options import check_fields, check_value
 from elastic_bench.foundation.registry import check_declared, did_you_mean
 from elastic_bench.modeling.choices import METHODS_GROUP, KVCache
-from elastic_bench.results.store import Cell, StorageError
+from elastic_bench.results.store import Cell
 
 if TYPE_CHECKING:
     from elastic_bench.modeling.interface import Method
@@ -166,7 +166,9 @@ class RunConfig:
 
         if self.backend != "auto" and self.backend not in backend_names():
             raise did_you_mean("attention backend", self.backend, ["auto", *backend_names()])
-        self.build_methods()
+        built = dict(zip(self.methods, self.build_methods()))  # -O text read by each option's type
+        self.method_options = {name: {key: getattr(built[name], key) for key in values}
+                               for name, values in self.method_options.items()}
 
     def build_methods(self) -> list[Method]:
         """The run's methods, each with the preset's options (none without a preset) and ``method_options`` over
@@ -237,13 +239,16 @@ def run(config: RunConfig, budgets: BudgetConfig | None = None) -> list[dict[str
     (`elastic_bench.evaluation.calibration`).
 
     The model spec is resolved once (`elastic_bench.modeling.loading.resolve_model`); the methods' learned files are
-    read once, into a private folder that lives as long as the run (`_held`). The output folder is locked for the run
+    read once, into a private folder that lives as long as the run (`_held`, `elastic_bench.results.digests.
+    held_folder`). The output folder is locked for the run
     (`elastic_bench.foundation.files.exclusive`: a second writer stops with the name of the first); before the model
     loads, every cell of the run is checked: a cell of another configuration (`_fingerprint`) stops the run, a cell
     whose files cannot be trusted (`Cell.verify`) is computed again (``strict``: stops the run).
     """
-    with tempfile.TemporaryDirectory(prefix="elastic-bench-held-") as held:
-        return _run(config, Path(held), budgets)
+    from elastic_bench.results.digests import held_folder
+
+    with held_folder() as held:
+        return _run(config, held, budgets)
 
 
 def _run(config: RunConfig, held: Path, budgets: BudgetConfig | None = None) -> list[dict[str, Any]]:
@@ -443,13 +448,20 @@ def _held(method: Method, source: ModelSource, folder: Path) -> tuple[Method, di
     """``method`` loading what it loads of the learned files it names (`Method.artifacts`, by option name) from the
     private ``folder`` (`Method.hold`), the SHA-256 of each by option name (`elastic_bench.foundation.files.digest`)
     and each copy's original (by path, for messages): the bytes a cell is known by are the bytes its method loads,
-    whatever happens to the original files during the run."""
+    whatever happens to the original files during the run. What cannot fit the model is refused here
+    (`Method.check_model`)."""
     from elastic_bench.foundation.files import digest
 
     paths = method.artifacts(source.path)
     copies = {name: method.hold(name, Path(path), folder / name) for name, path in paths.items()}
     running = dataclasses.replace(method, **{name: str(copy) for name, copy in copies.items()})
     originals = {str(copy): str(paths[name]) for name, copy in copies.items()}
+    try:
+        running.check_model(source.config)  # before the weights load
+    except ValueError as err:
+        for copy, original in originals.items():  # name the user's file, not the run's copy of it
+            err = ValueError(str(err).replace(copy, original))
+        raise err from None
     return running, {name: digest(copy) for name, copy in copies.items()}, originals
 
 
@@ -477,14 +489,20 @@ def _check_cell(cell: Cell, fingerprint: dict[str, Any], strict: bool, data_dir:
     """Refuse a cell reached through a symbolic link, or of another configuration (another seed, ``--limit``, router
     contents, an empty or malformed recorded fingerprint, ...): its predictions would be mixed with, or taken for,
     this run's. Remove the temporary files of killed writes; compute a cell again whose files do not prove themselves
-    (a complete cell's scores are recomputed from its predictions with its task's aggregation)."""
+    (every prediction's score is computed again with its task's scorer, and a complete cell's scores with its task's
+    aggregation)."""
     cell.check_links()
     changed = cell.conflict(fingerprint)
     if changed:
         raise ValueError(f"{cell.dir} holds results of another configuration ({', '.join(changed)} differ); "
                          "use another --output or delete that folder")
     cell.remove_temporaries()
-    reason = cell.verify(task_registry.get(cell.task, data_dir=data_dir).aggregate if cell.is_complete() else None)
+    _distrust(cell, cell.verify(task_registry.get(cell.task, data_dir=data_dir)), strict)
+
+
+def _distrust(cell: Cell, reason: str | None, strict: bool) -> None:
+    """A cell whose files do not prove themselves for ``reason`` (None: they do) is computed again, or with ``strict``
+    refused in one line."""
     if reason is None:
         return
     if strict:
@@ -562,9 +580,8 @@ def _run_cell(inputs: _CellInputs) -> None:
     session, cell, method, samples = inputs.session, inputs.cell, inputs.method, inputs.samples
     config, ranks = session.config, session.ranks
     if ranks.is_main:
-        discarded = cell.start(_cell_config(inputs, len(samples)), [s.id for s in samples])
-        if discarded:
-            print(f"elastic-bench: cell {cell.dir}: {discarded}; computing it again", file=sys.stderr)
+        _distrust(cell, cell.kept_problem(_expected(samples)), config.strict)
+        cell.start(_cell_config(inputs, len(samples)))
     ranks.barrier()
     done = {r["id"] for r in cell.predictions()}
     mine = [s for s in samples if s.id not in done][ranks.replica :: ranks.replicas]  # the ranks of a replica alike
@@ -623,6 +640,12 @@ def _run_cell(inputs: _CellInputs) -> None:
                 }
             )
     ranks.barrier()
+
+
+def _expected(samples: list[Sample]) -> dict[str, dict[str, Any]]:
+    """What a kept prediction of each sample holds as its sample gives it (`Cell.kept_problem`), as JSON values."""
+    return json.loads(json.dumps({s.id: {"references": s.references, "metadata": s.metadata,
+                                         "input_tokens": len(s.input_ids)} for s in samples}, default=str))
 
 
 def _generate(inputs: _CellInputs, mine: list[Sample], handle, graphs) -> Iterator[dict[str, Any]]:

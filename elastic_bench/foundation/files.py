@@ -2,19 +2,25 @@
 helper, JSON Lines, content digests, and the output-folder lock.
 
 An atomic write goes to a temporary file in the target's folder, is flushed to disk, then renamed over the target
-(``os.replace``, atomic on POSIX): an interrupted write leaves the old file or the new one, never a torn one.
+(``os.replace``, atomic on POSIX): an interrupted write leaves the old file or the new one, never a torn one. A write
+that the location refuses (a full disk, a quota, a read-only or forbidden folder) raises `StorageError` naming the
+file, whoever writes it (safetensors' writer included). JSON Lines are read a line at a time, each line at most
+`MAX_LINE_BYTES`, so a huge or hostile file is refused without being held in memory.
 
 Part of the foundation: imports nothing of elastic-bench, so every pillar may use it.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import glob
 import hashlib
 import json
 import os
+import re
 import socket
+import stat
 import sys
 import tempfile
 import time
@@ -31,13 +37,63 @@ def _umask() -> int:
 
 
 _TMP_SUFFIX = ".tmp"
+MAX_LINE_BYTES = 16 << 20
+"""The longest line `read_jsonl` reads (a prediction line holds a few kB; a training record a long prompt)."""
+
+# Errors of a location that cannot take a write (no space, over quota, a file-size limit, read-only, forbidden): the
+# user's to fix.
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM})
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how safetensors' writer reports an OSError
+
+
+class StorageError(ValueError):
+    """The location refuses a write (a full disk, a quota, a read-only or forbidden folder); what was written before
+    is kept."""
+
+
+@contextmanager
+def storage_errors(path: str | Path) -> Iterator[None]:
+    """Turn a refused write raised in the block (an `OSError` of `STORAGE_ERRNOS`, or safetensors' error carrying
+    one) into a `StorageError` naming the file (``path`` where the error names none)."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except Exception as err:
+        code = err.errno if isinstance(err, OSError) else None
+        found = None if isinstance(err, OSError) else _RUST_OS_ERROR.search(str(err))
+        code = int(found.group(1)) if found else code
+        if code not in STORAGE_ERRNOS:
+            raise
+        where = getattr(err, "filename", None) or path
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else os.strerror(code)
+        raise StorageError(f"cannot write {where}: {reason}; the results written so far are kept") from None
 
 
 def stray_temporaries(path: str | Path) -> list[Path]:
-    """The temporary files that atomic writes of ``path`` left behind (a writer killed before its rename); only
-    meaningful while no other process writes ``path``."""
+    """The temporary files that atomic writes of ``path`` left behind (a writer killed before its rename), or of any
+    file of the folder ``path``; only meaningful while no other process writes there."""
     path = Path(path)
+    if path.is_dir():
+        return sorted(p for p in path.glob(f".*{_TMP_SUFFIX}") if re.fullmatch(r"\..+\.[^.]+\.tmp", p.name))
     return sorted(path.parent.glob(f".{glob.escape(path.name)}.*{_TMP_SUFFIX}"))
+
+
+def check_writable(path: str | Path) -> None:
+    """Refuse, before any work, to write the file ``path`` where its location refuses a new file (a read-only or
+    forbidden folder, a full disk): a temporary file is created in its folder, or in the nearest folder above it that
+    exists, and removed at once; nothing else is created.
+
+    Raises:
+        StorageError: naming the folder and the reason.
+    """
+    folder = Path(path).parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    with storage_errors(folder):
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".elastic-bench-probe.", suffix=_TMP_SUFFIX)
+        os.close(fd)
+        os.unlink(probe)
 
 
 @contextmanager
@@ -50,17 +106,19 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
             save_file(tensors, str(tmp))
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TMP_SUFFIX)
-    os.close(fd)
+    tmp = None
     try:
-        yield Path(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private; a result file has the usual mode
-        os.replace(tmp, path)
+        with storage_errors(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TMP_SUFFIX)
+            os.close(fd)
+            yield Path(tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private; a result file has the usual mode
+            os.replace(tmp, path)
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
 
 
@@ -82,23 +140,59 @@ def write_jsonl(path: str | Path, records: list[dict[str, Any]]) -> None:
 
 def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
     """Append one record to a JSON Lines file and flush it to disk before returning."""
-    with open(path, "a") as f:
+    with storage_errors(path), open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
         f.flush()
         os.fsync(f.fileno())
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a JSON Lines file ([] when it does not exist); a torn last line (an interrupted append) is
-    dropped."""
+class LineTooLongError(ValueError):
+    """A line of a file is longer than its reader's bound (``number``: the line's, from 1)."""
+
+    def __init__(self, path: str | Path, number: int, limit: int):
+        super().__init__(f"line {number} of {path} is longer than {limit:,} bytes")
+        self.number = number
+
+
+def read_lines(path: str | Path, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes, bool]]:
+    """``(number, line, ended)`` for each line of the file ``path`` (numbered from 1, without its newline; ``ended``:
+    a newline follows it, which the last line of an interrupted append lacks), read a line at a time.
+
+    Raises:
+        LineTooLongError: a line is longer than ``limit`` bytes (nothing more of it is read).
+    """
+    with open(path, "rb") as f:
+        for number, line in enumerate(iter(lambda: f.readline(limit + 1), b""), 1):
+            ended = line.endswith(b"\n")
+            content = line[:-1] if ended else line
+            if len(content) > limit:
+                raise LineTooLongError(path, number, limit)
+            yield number, content, ended
+
+
+def parse_json(text: str | bytes) -> Any:
+    """``json.loads(text)``; ValueError for text that is not JSON, nested too deeply for the parser included."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
+def read_jsonl(path: str | Path, limit: int = MAX_LINE_BYTES) -> list[dict[str, Any]]:
+    """The records of a JSON Lines file ([] when it does not exist), up to the first line that is not JSON; a torn last
+    line (an interrupted append) is dropped.
+
+    Raises:
+        LineTooLongError: a line is longer than ``limit`` bytes (`read_lines`).
+    """
     path = Path(path)
     if not path.exists():
         return []
     records = []
-    for line in path.read_text().splitlines():
+    for _, line, _ in read_lines(path, limit):
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+            records.append(parse_json(line))
+        except ValueError:
             break
     return records
 
@@ -168,13 +262,20 @@ class FolderLockedError(ValueError):
 def exclusive(folder: str | Path, command: str = "", enabled: bool = True) -> Iterator[None]:
     """Hold the folder's write lock for the duration: an advisory lock (``fcntl.flock``) on the lock file
     ``.elastic-bench.lock``, which holds the holder's pid, host, command and start time and is removed on exit.
-    ``enabled=False`` (the other ranks of a ``torchrun`` job, whose rank 0 holds the lock) does nothing.
+    ``enabled=False`` (the other ranks of a ``torchrun`` job, whose rank 0 holds the lock) does nothing. Every
+    command that writes into a folder of its own (``run``, ``train-router``, ``train-duo``, ``train-prulong``,
+    ``testbed train``) takes it here.
 
     The kernel releases the lock when its holder dies, so taking a stale lock over is atomic: of any number of
     processes starting at once, one holds the lock and the others stop. A lock file left by a process of this host that
     no longer lives (a killed run) is reported on stderr and taken over; one naming a live process, or a process of
     another host (which cannot be checked), stops this process with `FolderLockedError` naming the holder, as does a
-    lock held now.
+    lock held now. The lock file is never opened through a symbolic link (``O_NOFOLLOW``), which could lead out of the
+    folder: a link, dangling or not, or anything but a regular file in its place is refused at once.
+
+    Raises:
+        FolderLockedError: another process holds the folder.
+        ValueError: ``folder`` is a file, or its lock file is a symbolic link or not a regular file.
     """
     if not enabled:
         yield
@@ -197,18 +298,22 @@ def exclusive(folder: str | Path, command: str = "", enabled: bool = True) -> It
         os.close(fd)
 
 
+LOCK_TRIES = 400
+LOCK_PAUSE = 0.01  # seconds between two tries at a lock file that another process creates or removes meanwhile
+
+
 def _take(path: Path, patience: float = 2.0) -> int:
     """A descriptor of the lock file ``path`` holding its ``flock``; raises `FolderLockedError` when another process
-    holds it (or the file names a live holder)."""
+    holds it (or the file names a live holder), or when `LOCK_TRIES` tries, `LOCK_PAUSE` apart, found the file
+    replaced each time."""
     waited = 0.0
-    while True:
-        try:
-            fd, created = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644), True
-        except FileExistsError:
-            try:
-                fd, created = os.open(path, os.O_RDWR), False
-            except FileNotFoundError:  # released meanwhile
-                continue
+    for attempt in range(LOCK_TRIES):
+        if attempt:
+            time.sleep(LOCK_PAUSE)
+        opened = _open_lock(path)
+        if opened is None:  # released meanwhile
+            continue
+        fd, created = opened
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -216,8 +321,7 @@ def _take(path: Path, patience: float = 2.0) -> int:
             holder = _holder(path)
             if (holder and not _stale(holder)) or waited >= patience:
                 raise FolderLockedError(_locked_message(path, holder)) from None
-            time.sleep(0.05)  # the holder is writing its record over a stale one, or releasing
-            waited += 0.05
+            waited += LOCK_PAUSE  # the holder is writing its record over a stale one, or releasing
             continue
         if not _same_file(fd, path):  # the holder removed this file before we locked it
             os.close(fd)
@@ -230,11 +334,41 @@ def _take(path: Path, patience: float = 2.0) -> int:
             gone = "an unreadable lock" if not holder else f"the lock of pid {holder.get('pid')}, no longer running"
             print(f"elastic-bench: {path}: taking over {gone}", file=sys.stderr)
         return fd
+    raise FolderLockedError(f"{path} was replaced {LOCK_TRIES} times while elastic-bench tried to take it; another "
+                            f"process keeps creating and removing it: wait for it, or use another folder")
+
+
+_OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # non-blocking: a FIFO put there cannot hang
+
+
+def _open_lock(path: Path) -> tuple[int, bool] | None:
+    """``(descriptor, created)`` of the lock file ``path``, opened or created without following a link; None when it
+    vanished between the two tries.
+
+    Raises:
+        ValueError: ``path`` is a symbolic link or not a regular file.
+    """
+    try:
+        fd, created = os.open(path, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o644), True
+    except FileExistsError:
+        try:
+            fd, created = os.open(path, _OPEN_FLAGS), False
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            if err.errno != errno.ELOOP:
+                raise
+            raise ValueError(f"{path} is a symbolic link; elastic-bench takes no lock through a link, which may lead "
+                             "out of the folder: delete the link (nothing was written)") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError(f"{path} is not a regular file; delete it (nothing was written)")
+    return fd, created
 
 
 def _same_file(fd: int, path: Path) -> bool:
     try:
-        return os.path.samestat(os.fstat(fd), os.stat(path))
+        return os.path.samestat(os.fstat(fd), os.lstat(path))
     except FileNotFoundError:
         return False
 
@@ -242,7 +376,7 @@ def _same_file(fd: int, path: Path) -> bool:
 def _record(fd: int) -> dict[str, Any] | None:
     """The holder record in the lock file open as ``fd``; None when it is empty or not a record."""
     try:
-        holder = json.loads(os.pread(fd, 1 << 16, 0))
+        holder = parse_json(os.pread(fd, 1 << 16, 0))
     except (ValueError, OSError):
         return None
     return holder if isinstance(holder, dict) else None
@@ -262,12 +396,18 @@ def _holder(path: Path, attempts: int = 20) -> dict[str, Any] | None:
     writes the record within microseconds of taking the lock)."""
     for _ in range(attempts):
         try:
-            holder = json.loads(path.read_text())
-            return holder if isinstance(holder, dict) else None
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             return {}
-        except (OSError, json.JSONDecodeError):
-            time.sleep(0.05)
+        except OSError:
+            return None
+        try:
+            holder = _record(fd)
+        finally:
+            os.close(fd)
+        if holder is not None:
+            return holder
+        time.sleep(0.05)
     return None
 
 
@@ -275,10 +415,19 @@ def _stale(holder: dict[str, Any]) -> bool:
     """Whether the lock's holder ran on this host and is gone (another host's process cannot be checked: not stale)."""
     if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
         return False
-    try:
-        os.kill(holder["pid"], 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, another user's
+    return not alive(holder["pid"])
+
+
+def alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this host (another user's included)."""
+    if pid <= 0:  # signal 0 would reach a process group, not a process
         return False
-    return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    except (OverflowError, ValueError):  # no such pid can exist
+        return False
+    return True

@@ -9,6 +9,8 @@ types.
   ``list[str]`` / ``tuple[...]`` (comma-separated; ints accept ``4K`` = 4096), ``dict[str, float]`` (``a=0.5,b=1``,
   repeatable) and nested config dataclasses (their fields become options of their own).
 - Flags: ``--field-name``; a bool that defaults to False is a switch, one that defaults to True has a ``--no-`` form.
+- ``-O METHOD.OPTION=VALUE`` values are text (`CommandLineText`), read by the option's declared type as its flag
+  would be (``4K``, ``none``, ``true``/``false``), never as YAML: a path holding `` #`` stays that path.
 - Numbers are finite: ``inf`` and ``nan`` are refused wherever a ``float`` is expected (on the command line, in YAML
   files and ``-O`` options); no option of elastic-bench has a meaning for them (a NaN learning rate trains a NaN
   router).
@@ -112,14 +114,23 @@ def _describe(tp: Any) -> str:
     return text + (" or null" if optional else "")
 
 
+class CommandLineText(str):
+    """A value typed on the command line (``-O METHOD.OPTION=VALUE``): `check_value` reads it by the field's declared
+    type, as the field's own flag reads its text."""
+
+
 def check_value(cls: type, name: str, value: Any, where: str) -> Any:
     """``value`` for field ``name`` of dataclass ``cls``, checked against the field's type (ints are accepted for
-    floats, lists for tuples); raises ValueError naming ``where`` and the expected type."""
+    floats, lists for tuples; a `CommandLineText` is read by the type first); raises ValueError naming ``where`` and
+    the expected type."""
     tp = _hints(cls)[name]
     try:
+        if isinstance(value, CommandLineText):
+            return _check(tp, _parser(tp, name)(str(value)))
         return _check(tp, value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{where} must be {_describe(tp)}, got {value!r}") from None
+    except (TypeError, ValueError, argparse.ArgumentTypeError):
+        given = str(value) if isinstance(value, CommandLineText) else value
+        raise ValueError(f"{where} must be {_describe(tp)}, got {given!r}") from None
 
 
 def _check(tp: Any, value: Any) -> Any:
@@ -196,6 +207,17 @@ def check_fields(cls: type, values: dict[str, Any], where: str) -> dict[str, Any
     return {k: check_value(cls, k, v, f"{where}: {k}") for k, v in values.items()}
 
 
+_BOOLEANS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
+
+
+def _boolean(text: str) -> bool:
+    """``true``/``yes``/``on`` or ``false``/``no``/``off`` (any case) as a bool."""
+    try:
+        return _BOOLEANS[text.strip().lower()]
+    except KeyError:
+        raise ValueError(f"not true or false: {text!r}") from None
+
+
 def _finite(value: str | int | float) -> float:
     """``value`` as a float; ValueError for ``inf``, ``nan`` and anything not a number."""
     number = float(value)
@@ -239,6 +261,8 @@ def _parser(tp: Any, name: str):
         return wrap(first)
     if tp is int:
         return wrap(tokens)
+    if tp is bool:  # a switch on the command line; this reads the text of a `CommandLineText`
+        return wrap(_boolean)
     if tp is float:
         return wrap(_finite)
     if tp is str or origin is Literal:

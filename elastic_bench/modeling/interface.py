@@ -157,6 +157,15 @@ class Method:
 
         return copy_artifact(path, folder)
 
+    def check_model(self, config: Any) -> None:
+        """Refuse, before the model's weights load, learned files that cannot fit the model whose transformers config
+        is ``config`` (gates of another layout, say): a run calls it on the method that loads its held copies. Nothing
+        by default.
+
+        Raises:
+            ValueError: naming the file and what does not fit.
+        """
+
     def options(self) -> dict[str, Any]:
         """The method's knobs and their values."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

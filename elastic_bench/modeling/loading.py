@@ -34,6 +34,7 @@ from typing import Literal
 import torch
 
 from elastic_bench.foundation.registry import did_you_mean
+from elastic_bench.foundation.torchrun import torchrun_env
 
 TESTBED_DIR = Path(__file__).resolve().parents[1] / "data" / "testbed"
 TINY_ARCHITECTURES = ("qwen3", "llama")
@@ -382,8 +383,8 @@ def check_placement(spec: str | ModelSource, tp: int = 1, device_map: str | None
 
 
 def torchrun_world_size() -> int:
-    """The processes of this run: ``torchrun``'s ``WORLD_SIZE``, 1 outside it."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    """The processes of this run: ``torchrun``'s ``WORLD_SIZE``, 1 outside it (checked: `torchrun_env`)."""
+    return torchrun_env()[1]
 
 
 def _dispatch(model, dtype: torch.dtype):

@@ -8,8 +8,9 @@ Design decisions:
 - A set of files (a model folder's weights, configuration and tokenizer) is known by one SHA-256 over each file's
   name relative to its folder and its digest: the same files give the same digest wherever the folder lies.
 - A learned file that a method loads (a router, gates) is read once: the run puts what the method loads from it into
-  a private folder (`copy_artifact` by default, `Method.hold`), digests that and has the method load it, so the bytes
-  a cell is known by are the bytes it ran with, whatever happens to the original meanwhile.
+  a private folder (`held_folder`; `copy_artifact` by default, `Method.hold`), digests that and has the method load
+  it, so the bytes a cell is known by are the bytes it ran with, whatever happens to the original meanwhile. The
+  folder is named after its process and host, so the folders that killed runs left are found and removed.
 - A hub repository is known by the commit its ``main`` resolves to: asked of the hub when it answers, else read from
   the local Hugging Face cache (what an offline load uses).
 
@@ -21,10 +22,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+import socket
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from elastic_bench.foundation.files import digest, write_json
+from elastic_bench.foundation.files import alive, digest, write_json
 
 CACHE_VAR = "ELASTIC_BENCH_CACHE"
 
@@ -93,6 +100,25 @@ def copy_artifact(path: str | Path, folder: str | Path) -> Path:
     else:
         shutil.copyfile(path, copy)
     return copy
+
+
+HELD_PREFIX = "elastic-bench-held-"
+
+
+@contextmanager
+def held_folder() -> Iterator[Path]:
+    """A private folder for a run's copies of its learned files, in the temporary directory (``$TMPDIR``), removed
+    when the block ends: ``elastic-bench-held-<pid>-<host>.<random>``. The folders that runs of this host and user
+    left when they were killed (their process is gone) are removed first, with a line on stderr."""
+    root, host = Path(tempfile.gettempdir()), socket.gethostname()
+    for stale in sorted(root.glob(f"{HELD_PREFIX}*")):
+        found = re.fullmatch(rf"{HELD_PREFIX}(\d+)-(.*)\.[^.]+", stale.name)
+        if (found and found.group(2) == host and stale.is_dir() and not stale.is_symlink()
+                and stale.stat().st_uid == os.getuid() and not alive(int(found.group(1)))):
+            shutil.rmtree(stale, ignore_errors=True)
+            print(f"elastic-bench: removed {stale}, the learned files held by a run that was killed", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix=f"{HELD_PREFIX}{os.getpid()}-{host}.") as folder:
+        yield Path(folder)
 
 
 def hub_revision(repo_id: str, repo_type: str, online: bool, timeout: float = 5.0) -> str | None:

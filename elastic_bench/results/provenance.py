@@ -8,11 +8,12 @@ import importlib.metadata
 import importlib.util
 import platform
 import subprocess
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
 
+@cache  # the installed versions do not change while the process runs
 def _version(package: str) -> str | None:
     try:
         return importlib.metadata.version(package)

@@ -7,52 +7,69 @@ scored, so an interrupted cell resumes where it stopped; under ``torchrun`` each
 
 A complete cell proves itself: its ``metrics.json`` records the configuration fingerprint it was computed under and
 the number, ids and SHA-256 of its predictions, and `Cell.verify` checks them against the files before the cell is
-trusted (by the runner before it skips a cell, by the reports before they show one); given the task's aggregation,
-it also recomputes the scores from the predictions. Predictions of an interrupted cell are resumed only under a
-readable ``config.json`` of the same fingerprint, when every line is a prediction of its own sample id (one line per
-id). The store follows no symbolic link in a cell's path (`Cell.check_links`), and a write that the location refuses
-(a full disk, a read-only folder) raises `StorageError` naming the path. `finished` lists the cells of a run folder
-that hold a ``metrics.json``.
+trusted (by the runner before it skips a cell, by the reports before they show one). A score is computed, never read
+back: given the task's `Scoring`, every prediction's score is computed again from its prediction and references (and
+must lie in the task's range), then the cell's scores from those; the stored scores are a cache that is checked.
+Predictions of an interrupted cell are resumed only under a readable ``config.json`` of the same fingerprint, when
+every line is a prediction of its own sample id (one line per id) sealed by its ``line_sha256`` (the SHA-256 of the
+line without that field, which `Cell.append` adds: an edited line does not match it) and scored as its task scores
+it, and (`Cell.kept_problem`) its references, metadata and prompt length are those of its sample. The store follows
+no symbolic link in a cell's path (`Cell.check_links`), reads a line at a time and no line or JSON file longer than
+`MAX_LINE_BYTES`, and a write that the location refuses (a full disk, a read-only folder) raises
+`elastic_bench.foundation.files.StorageError` naming the path. `finished` lists the cells of a run folder that hold
+a ``metrics.json``.
 """
 
 from __future__ import annotations
 
-import errno
+import hashlib
 import json
 import math
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from elastic_bench.foundation.files import (
+    MAX_LINE_BYTES,
+    LineTooLongError,
     append_jsonl,
     digest,
-    read_jsonl,
+    parse_json,
+    read_lines,
+    storage_errors,
     stray_temporaries,
     write_json,
     write_jsonl,
 )
 
-# Errors of a location that cannot take the results (no space, over quota, read-only, forbidden): the user's to fix.
-STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+SEAL = "line_sha256"
+"""The field of a prediction line that holds the SHA-256 of the line's JSON without it (`sealed`)."""
 
 
-class StorageError(ValueError):
-    """The output location refuses a write (a full disk, a read-only or forbidden folder); what was written before
-    is kept."""
+class Scoring(Protocol):
+    """How a task scores its predictions (`elastic_bench.tasks.Task` is one; this layer imports no task).
+
+    Attributes:
+        score_range: ``(low, high)``: every per-sample score lies in it.
+    """
+
+    score_range: tuple[float, float]
+
+    def rescore(self, record: dict[str, Any]) -> float:
+        """The score of a prediction record (a line of ``predictions.jsonl``) computed from its prediction, references
+        and metadata."""
+
+    def aggregate(self, records: list[dict[str, Any]]) -> dict[str, Any]:
+        """The cell's scores (``{"score": ..., "score_<breakdown>": ...}``) from its scored records."""
 
 
-@contextmanager
-def _writing(folder: Path) -> Iterator[None]:
-    """Turn an `OSError` of `STORAGE_ERRNOS` raised in the block into a `StorageError` naming the path."""
-    try:
-        yield
-    except OSError as err:
-        if err.errno not in STORAGE_ERRNOS:
-            raise
-        raise StorageError(f"cannot write {err.filename or folder}: {err.strerror}; the results written so far are "
-                           "kept") from None
+def sealed(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with its seal: `SEAL` last, the SHA-256 of ``json.dumps(record)`` (as `append_jsonl` writes it)."""
+    return {**record, SEAL: _seal(record)}
+
+
+def _seal(record: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(record).encode()).hexdigest()
 
 
 class Cell:
@@ -96,14 +113,15 @@ class Cell:
         metrics = self.metrics()
         return metrics is not None and metrics.get("status") == "complete"
 
-    def verify(self, aggregate: Callable[[list[dict[str, Any]]], dict[str, Any]] | None = None) -> str | None:
+    def verify(self, scoring: Scoring | None = None) -> str | None:
         """Why the cell's files cannot be trusted (None: they can).
 
         A complete cell must record its fingerprint and predictions whose ids and SHA-256 are those its
-        ``metrics.json`` records, and, given its task's ``aggregate``, the scores that ``aggregate`` computes from
-        those predictions; an unfinished cell's predictions must be one JSON object per line with an id no other line
-        holds, under a ``config.json`` that records its fingerprint. A fingerprint that differs from the run's is not
-        a reason here but a conflict (`conflict`).
+        ``metrics.json`` records; an unfinished cell's predictions must be one sealed JSON object per line (`sealed`)
+        with a string id no other line holds, under a ``config.json`` that records its fingerprint. Given its task's
+        ``scoring``, every prediction's score must be the one the task computes from the prediction, within the task's
+        range, and a complete cell's scores those its aggregation computes from the predictions. A fingerprint that
+        differs from the run's is not a reason here but a conflict (`conflict`).
         """
         metrics = self.metrics()
         if self.metrics_path.exists() and metrics is None:
@@ -113,16 +131,35 @@ class Cell:
                 return "its metrics.json records no fingerprint or predictions digest (an older elastic-bench)"
             if not self.predictions_path.exists() or digest(self.predictions_path) != metrics["predictions_sha256"]:
                 return "its predictions.jsonl is not the one its metrics.json was computed from"
-            records = read_jsonl(self.predictions_path)
-            ids = [r.get("id") if isinstance(r, dict) else None for r in records]
-            if ids != metrics.get("prediction_ids") or len(set(map(str, ids))) != len(ids):
+            problem = _lines_problem([self.predictions_path], scoring, seals=False)
+            if problem:
+                return problem
+            records = _records(self.predictions_path)
+            if [r["id"] for r in records] != metrics.get("prediction_ids"):
                 return "its predictions' ids are not those its metrics.json records"
-            return None if aggregate is None else _rescore(records, metrics, aggregate)
-        problem = _lines_problem(self._prediction_files())
+            return None if scoring is None else _rescore(records, metrics, scoring)
+        problem = _lines_problem(self._prediction_files(), scoring, seals=True)
         if problem:
             return problem
         if self.predictions() and "fingerprint" not in (self.config() or {}):
             return "it holds predictions without a readable config.json recording their configuration"
+        return None
+
+    def kept_problem(self, expected: Mapping[str, Mapping[str, Any]]) -> str | None:
+        """Why the predictions kept from an interrupted attempt (checked by `verify`) do not belong to the cell's
+        samples (None: they do): ``expected`` holds, for each sample id, the fields its prediction holds as they are
+        (JSON values: its references, metadata, prompt length); a prediction of another id, or with one of those fields
+        written otherwise, is not one of the samples'."""
+        for path in self._prediction_files():
+            for number, record in enumerate(_records(path), 1):
+                fields = expected.get(record["id"])
+                if fields is None:
+                    return (f"line {number} of its {path.name} is the prediction of sample {record['id']!r}, which is "
+                            "not one of its samples")
+                changed = sorted(key for key, value in fields.items()
+                                 if json.dumps(record.get(key)) != json.dumps(value))
+                if changed:
+                    return f"line {number} of its {path.name} differs from its sample in {', '.join(changed)}"
         return None
 
     def conflict(self, fingerprint: dict[str, Any]) -> list[str]:
@@ -155,14 +192,14 @@ class Cell:
     def remove_temporaries(self) -> None:
         """Delete the temporary files that killed atomic writes left in the cell's folder (only while this process
         holds the output folder's lock: another writer's temporary files are not stray)."""
-        with _writing(self.dir):
+        with storage_errors(self.dir):
             for path in [self.metrics_path, self.dir / "config.json", self.predictions_path]:
                 for stray in stray_temporaries(path):
                     stray.unlink(missing_ok=True)
 
     def clear(self) -> None:
         """Delete the cell's files (to compute it again)."""
-        with _writing(self.dir):
+        with storage_errors(self.dir):
             for path in [self.metrics_path, self.dir / "config.json", *self._prediction_files()]:
                 path.unlink(missing_ok=True)
 
@@ -171,28 +208,22 @@ class Cell:
 
     def predictions(self) -> list[dict[str, Any]]:
         """Predictions written so far (rank shards included); a torn last line (an interrupted write) is dropped."""
-        return [record for path in self._prediction_files() for record in read_jsonl(path)]
+        return [record for path in self._prediction_files() for record in _records(path)]
 
-    def start(self, config: dict[str, Any], sample_ids: Iterable[str]) -> str | None:
+    def start(self, config: dict[str, Any]) -> None:
         """Write ``config.json`` and rewrite the predictions kept from an earlier interrupted attempt as one clean
-        file; predictions of an id not among ``sample_ids`` discard them all (the cell is computed again). Returns
-        why they were discarded (None: kept, or none)."""
+        file."""
         self.remove_temporaries()
-        with _writing(self.dir):
-            records = self.merge()
-            foreign = sorted({str(r["id"]) for r in records} - set(map(str, sample_ids)))
-            discarded = None
-            if foreign:
-                discarded = f"its predictions.jsonl holds ids that are not its samples' ({', '.join(foreign[:3])})"
-                self.clear()
+        with storage_errors(self.dir):
+            self.merge()
             write_json(self.dir / "config.json", config)
             self.metrics_path.unlink(missing_ok=True)
-        return discarded
 
     def append(self, record: dict[str, Any], rank: int | None = None) -> None:
-        """Append one prediction (to this rank's shard under ``torchrun``)."""
-        with _writing(self.dir):
-            append_jsonl(self.predictions_path if rank is None else self.dir / f"predictions.rank{rank}.jsonl", record)
+        """Append one prediction, `sealed` (to this rank's shard under ``torchrun``)."""
+        with storage_errors(self.dir):
+            append_jsonl(self.predictions_path if rank is None else self.dir / f"predictions.rank{rank}.jsonl",
+                         sealed(record))
 
     def merge(self, order: list[str] | None = None) -> list[dict[str, Any]]:
         """Fold rank shards into ``predictions.jsonl`` (sorted by sample ``order`` when given); return the records."""
@@ -200,7 +231,7 @@ class Cell:
         if order is not None:
             position = {sample_id: i for i, sample_id in enumerate(order)}
             records.sort(key=lambda r: position.get(r["id"], len(position)))
-        with _writing(self.dir):
+        with storage_errors(self.dir):
             write_jsonl(self.predictions_path, records)
             for shard in self._prediction_files()[1:]:
                 shard.unlink()
@@ -208,10 +239,10 @@ class Cell:
 
     def finish(self, metrics: dict[str, Any]) -> None:
         """Write ``metrics.json`` (atomically), with the count, ids and SHA-256 of ``predictions.jsonl``."""
-        records = read_jsonl(self.predictions_path)
+        records = _records(self.predictions_path)
         written = {"num_predictions": len(records), "prediction_ids": [r["id"] for r in records],
                    "predictions_sha256": digest(self.predictions_path) if self.predictions_path.exists() else None}
-        with _writing(self.dir):
+        with storage_errors(self.dir):
             write_json(self.metrics_path, {**metrics, **written})
 
 
@@ -226,37 +257,72 @@ def finished(root: Path | str) -> list[Cell]:
     return sorted(cells, key=lambda c: (c.model, c.method, c.task, c.length))
 
 
-def _lines_problem(paths: list[Path]) -> str | None:
-    """Why the prediction files ``paths`` of an unfinished cell cannot be resumed (None: they can): a line that is not
-    a JSON object with an ``id`` (but a torn last line, which an interrupted append leaves and `read_jsonl` drops), or
-    an id on two lines."""
+def _records(path: Path) -> list[dict[str, Any]]:
+    """The records of the complete lines of a prediction file ([] when absent): an interrupted append's unended last
+    line is dropped (`verify` has checked the others)."""
+    if not path.exists():
+        return []
+    return [parse_json(line) for _, line, ended in read_lines(path, MAX_LINE_BYTES) if ended]
+
+
+def _lines_problem(paths: list[Path], scoring: Scoring | None, seals: bool) -> str | None:
+    """Why the prediction files ``paths`` cannot be trusted (None: they can): a line longer than `MAX_LINE_BYTES`, one
+    that is not a JSON object with a string ``id`` (but a torn last line, which an interrupted append leaves), with
+    ``seals`` one that does not match its `SEAL`, an id on two lines, or with ``scoring`` a score that is not the
+    task's (`_score_problem`)."""
     seen: set[str] = set()
     for path in paths:
         if not path.exists():
             continue
-        text = path.read_text(errors="replace")
-        lines = text.splitlines()
-        if lines and not text.endswith("\n"):
-            lines = lines[:-1]  # torn
-        for number, line in enumerate(lines, 1):
-            try:
-                record = json.loads(line)
-            except ValueError:
-                record = None
-            if not isinstance(record, dict) or not isinstance(record.get("id"), str | int):
-                return f"line {number} of its {path.name} is not a prediction"
-            if str(record["id"]) in seen:
-                return f"line {number} of its {path.name} repeats the prediction of sample {record['id']}"
-            seen.add(str(record["id"]))
+        try:
+            for number, line, ended in read_lines(path, MAX_LINE_BYTES):
+                if not ended:
+                    continue  # torn
+                problem = _line_problem(line, scoring, seals, seen)
+                if problem:
+                    return f"line {number} of its {path.name} {problem}"
+        except LineTooLongError as err:
+            return f"line {err.number} of its {path.name} is longer than {MAX_LINE_BYTES:,} bytes"
     return None
 
 
-def _rescore(records: list[dict[str, Any]], metrics: dict[str, Any],
-             aggregate: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> str | None:
-    """Why the scores ``metrics`` records are not those ``aggregate`` computes from ``records`` (None: they are)."""
+def _line_problem(line: bytes, scoring: Scoring | None, seals: bool, seen: set[str]) -> str | None:
     try:
-        scores = json.loads(json.dumps(aggregate(records), default=str))
-    except (KeyError, TypeError, ValueError, ZeroDivisionError) as err:
+        record = parse_json(line)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or not isinstance(record.get("id"), str):
+        return "is not a prediction"
+    if seals and record.pop(SEAL, None) != _seal(record):
+        return f"does not match its {SEAL} (an edited line, or one an older elastic-bench wrote)"
+    if record["id"] in seen:
+        return f"repeats the prediction of sample {record['id']}"
+    seen.add(record["id"])
+    return None if scoring is None else _score_problem(record, scoring)
+
+
+def _score_problem(record: dict[str, Any], scoring: Scoring) -> str | None:
+    """Why a prediction's recorded score is not the one its task gives it (None: it is): outside the task's range, or
+    not what `Scoring.rescore` computes from its prediction and references."""
+    low, high = scoring.score_range
+    stored = record.get("score")
+    if isinstance(stored, bool) or not isinstance(stored, int | float) or not low <= stored <= high:
+        return f"records the score {stored!r}, outside the task's range [{low}, {high}]"
+    try:
+        computed = scoring.rescore(record)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ArithmeticError) as err:
+        return f"cannot be scored ({type(err).__name__}: {err})"
+    if json.dumps(computed) != json.dumps(stored):  # as written: 1 is not 1.0, nor -0.0 0.0
+        return f"records the score {stored!r} where its prediction scores {computed!r}"
+    return None
+
+
+def _rescore(records: list[dict[str, Any]], metrics: dict[str, Any], scoring: Scoring) -> str | None:
+    """Why the scores ``metrics`` records are not those the task's aggregation computes from ``records`` (None: they
+    are)."""
+    try:
+        scores = json.loads(json.dumps(scoring.aggregate(records), default=str))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError) as err:
         return f"its predictions cannot be scored ({type(err).__name__}: {err})"
     changed = sorted(k for k in scores if not _same(metrics.get(k), scores[k]))
     if changed:
@@ -271,8 +337,11 @@ def _same(recorded: Any, computed: Any) -> bool:
 
 
 def _json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``; None when it is absent, larger than `MAX_LINE_BYTES`, or not a JSON object."""
     try:
-        data = json.loads(path.read_text())
+        if path.stat().st_size > MAX_LINE_BYTES:
+            return None
+        data = parse_json(path.read_bytes())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -8,12 +8,13 @@ of each writes its records.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from elastic_bench.foundation.torchrun import torchrun_env
 
 
 @dataclass(frozen=True)
@@ -34,10 +35,10 @@ class Ranks:
     def from_env(cls, device: str | None = None, tp: int = 1) -> Ranks:
         """Read torchrun's environment and join the process group (NCCL on CUDA, gloo on the CPU); ``tp`` ranks hold
         each model replica (checked to divide the world by `elastic_bench.modeling.loading.check_placement`)."""
-        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank, world, local_rank = torchrun_env()  # checked: one clear line for what torchrun would never set
         if world == 1:
             return cls()
-        ranks = cls(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")), tp)
+        ranks = cls(rank, world, local_rank, tp)
         if not dist.is_initialized():
             use_cuda = torch.cuda.is_available() and (device is None or device.startswith("cuda"))
             if use_cuda:

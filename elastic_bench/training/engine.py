@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 import time
@@ -218,7 +219,7 @@ def fit(
     state = read_state(output)
     if state is not None:
         meta, tensors = state
-        check_fingerprint(output, meta["fingerprint"], fingerprint)
+        check_state(output, meta, tensors, objective, steps, fingerprint)
         _restore(objective, meta, tensors)
         start, seconds = int(meta["step"]), float(meta["trained_seconds"])
     output.mkdir(parents=True, exist_ok=True)
@@ -251,6 +252,7 @@ def fit(
         norms = {name: _grad_norm(params) for name, params in objective.grad_norms.items()}
         grad_norm = torch.nn.utils.clip_grad_norm_(objective.clipped, objective.grad_clip)
         objective.optimizer.step()
+        check_finite(objective, step + 1, output)
         objective.after_step(step)
         done = step + 1
         bar.update(1)
@@ -260,7 +262,7 @@ def fit(
                       **{f"{name}_grad_norm": float(norm) for name, norm in norms.items()}}
             log.append(record)
             if ranks.is_main:
-                append_jsonl(output / LOG_FILE, record)
+                append_jsonl(output / LOG_FILE, json_safe(record))
                 bar.set_postfix_str(objective.postfix(record))
         stop = done < steps and _time_is_up(began, options.max_minutes, ranks)
         if done % options.save_every == 0 or done == steps or stop:
@@ -279,6 +281,34 @@ def _as_is(batch: Any) -> Any:
 
 def _grad_norm(params: list[nn.Parameter]) -> torch.Tensor:
     return torch.stack([p.grad.norm() if p.grad is not None else p.new_zeros(()) for p in params]).norm()
+
+
+def check_finite(objective: Objective, step: int, output: Path) -> None:
+    """Stop a run whose trainable parameters hold a NaN or an infinity after the optimizer step of step ``step``
+    (1-based): a diverged run, usually a learning rate far too large, whose results would mean nothing. Nothing of the
+    step is saved: the last checkpoint stays as it was.
+
+    Raises:
+        ValueError: naming the step and the first non-finite module.
+    """
+    for name, module in objective.modules.items():
+        params = [p for p in module.parameters() if p.requires_grad]
+        if params and not bool(torch.stack([torch.isfinite(p.detach()).all() for p in params]).all()):
+            raise ValueError(f"training diverged at step {step}: {name} hold non-finite values (NaN or infinity) after "
+                             f"the optimizer step (is a learning rate far too large?); nothing of this step was "
+                             f"saved in {output}")
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` (a log record) with every float that JSON cannot hold (NaN, ±infinity), at any depth, as None, so
+    the log stays valid JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def _time_is_up(began: float, max_minutes: float | None, ranks: Ranks) -> bool:
@@ -307,6 +337,90 @@ def check_fingerprint(output: Path, saved: dict[str, Any], current: dict[str, An
     changed = sorted(k for k in saved.keys() | current.keys() if saved.get(k) != current.get(k))
     raise ValueError(f"{output} holds a training run with a different configuration ({', '.join(changed)}); use "
                      "another --output or delete it")
+
+
+def check_state(output: Path, record: dict[str, Any], tensors: dict[str, torch.Tensor], objective: Objective,
+                steps: int, fingerprint: dict[str, Any]) -> None:
+    """Refuse a training state (`read_state`) that this run cannot resume from: its record's fields of the wrong type
+    or out of range (``step`` in ``[0, steps]``, ``trained_seconds``, ``fingerprint``, ``modules``, the optimizer's
+    ``param_groups`` and scalar ``state``), a configuration other than ``fingerprint`` (`check_fingerprint`), and
+    tensors that are not exactly those of the run's modules and optimizer, of their shapes, with finite values.
+
+    Raises:
+        ValueError: one line naming the file and the first bad field or tensor.
+    """
+    path = Path(output) / STATE_TENSORS
+
+    def bad(what: str) -> ValueError:
+        return ValueError(f"{path}: {what}; delete it (training restarts) or use another --output")
+
+    step, seconds = record.get("step"), record.get("trained_seconds")
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= steps:
+        raise bad(f"step must be a whole number in [0, {steps}], got {step!r}")
+    if not _number(seconds) or seconds < 0:
+        raise bad(f"trained_seconds must be a finite number >= 0, got {seconds!r}")
+    if not isinstance(record.get("fingerprint"), dict):
+        raise bad(f"fingerprint must be a JSON object (the run's configuration), got {record.get('fingerprint')!r}")
+    check_fingerprint(Path(output), record["fingerprint"], fingerprint)
+    if record.get("modules") != sorted(objective.modules):
+        raise bad(f"modules must be {sorted(objective.modules)} (what this run trains), got {record.get('modules')!r}")
+    saved = record.get("optimizer")
+    if not isinstance(saved, dict) or not isinstance(saved.get("param_groups"), list) or \
+            not isinstance(saved.get("state"), dict):
+        raise bad("optimizer must be a JSON object holding param_groups (a list) and state (an object)")
+    current = objective.optimizer.state_dict()["param_groups"]
+    if len(saved["param_groups"]) != len(current):
+        raise bad(f"optimizer.param_groups must hold {len(current)} groups, got {len(saved['param_groups'])}")
+    for i, (group, now) in enumerate(zip(saved["param_groups"], current)):
+        where = f"optimizer.param_groups[{i}]"
+        if not isinstance(group, dict) or set(group) != set(now):
+            raise bad(f"{where} must hold the keys {sorted(now)}")
+        for key, value in group.items():
+            if not _same_kind(value, now[key]) or (key == "params" and value != now[key]):
+                raise bad(f"{where}.{key} must be like {now[key]!r}, got {value!r}")
+    params = {index: p for group, now in zip(objective.optimizer.param_groups, current)
+              for index, p in zip(now["params"], group["params"])}
+    for index, values in saved["state"].items():
+        if not index.isdigit() or int(index) not in params or not isinstance(values, dict) or \
+                not all(_number(v) or isinstance(v, bool) for v in values.values()):
+            raise bad(f"optimizer.state[{index!r}] must be an object of numbers of one of the optimizer's parameters")
+    expected = {f"{name}.{key}": tuple(value.shape) for name, module in objective.modules.items()
+                for key, value in module.state_dict().items()}
+    for key, tensor in tensors.items():
+        name, _, rest = key.partition(".")
+        index, _, state_key = rest.partition(".")
+        if name == "optimizer":
+            if not index.isdigit() or int(index) not in params or not state_key:
+                raise bad(f"tensor {key} belongs to no parameter of the optimizer")
+            shape = tuple(params[int(index)].shape) if tensor.dim() else ()
+        elif key not in expected:
+            raise bad(f"tensor {key} belongs to no module of this run ({', '.join(sorted(objective.modules))})")
+        else:
+            shape = expected[key]
+        if tuple(tensor.shape) != shape:
+            raise bad(f"tensor {key} is {list(tensor.shape)}, expected {list(shape)}")
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise bad(f"tensor {key} holds a non-finite value")
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        raise bad(f"tensor {missing[0]} is missing")
+
+
+def _number(value: Any) -> bool:
+    """Whether ``value`` is a finite int or float (not a bool)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _same_kind(saved: Any, current: Any) -> bool:
+    """Whether a JSON value ``saved`` can stand for an optimizer setting ``current``: both None, both bools, both
+    numbers (finite), or lists of the same length of such values (a tuple is saved as a list)."""
+    if current is None or isinstance(current, bool):
+        return saved is current or (isinstance(saved, bool) and isinstance(current, bool))
+    if isinstance(current, int | float):
+        return _number(saved)
+    if isinstance(current, list | tuple):
+        return isinstance(saved, list) and len(saved) == len(current) and all(map(_same_kind, saved, current))
+    return isinstance(saved, type(current))
 
 
 def save_state(output: Path, step: int, seconds: float, fingerprint: dict[str, Any], modules: dict[str, nn.Module],
@@ -577,7 +691,8 @@ def tokenize(
     truncate: bool = True,
 ) -> list[TokenizedExample]:
     """Token ids (chat template + answer + EOS) of each example, middle-truncated to ``max_tokens`` (``truncate``;
-    else kept whole); ``categories`` gives each category name its index."""
+    else kept whole, unless its text is so long that it cannot fit: `within_reach`); ``categories`` gives each
+    category name its index."""
     from tqdm.auto import tqdm
 
     from elastic_bench.tasks.base import render
@@ -587,8 +702,9 @@ def tokenize(
     index = {c: i for i, c in enumerate(categories)}
     out = []
     for ex in tqdm(examples, desc="tokenizing", disable=not progress, leave=False):
-        prompt = render(tokenizer, ex.prompt)
-        answer = tokenizer(ex.answer, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        prompt = render(tokenizer, within_reach(ex.prompt, max_tokens))
+        answer = tokenizer(within_reach(ex.answer, max_tokens), add_special_tokens=False).input_ids + \
+            [tokenizer.eos_token_id]
         excess = len(prompt) + len(answer) - max_tokens
         if excess > 0 and truncate:
             if excess > len(prompt) - 2:
@@ -598,6 +714,20 @@ def tokenize(
         ids = torch.tensor(prompt + answer, dtype=torch.int64)
         out.append(TokenizedExample(ids, len(prompt), index[ex.category]))
     return out
+
+
+CHARS_PER_TOKEN = 64
+"""More characters than a tokenizer puts into one of its tokens on average (a few for natural text and code)."""
+
+
+def within_reach(text: str, max_tokens: int) -> str:
+    """``text`` cut in its middle to ``CHARS_PER_TOKEN × max_tokens`` characters: a longer text has more than
+    ``max_tokens`` tokens, so it loses its middle (or is left out) after tokenizing anyway, and a huge record is never
+    tokenized whole."""
+    most = CHARS_PER_TOKEN * max_tokens
+    if len(text) <= most:
+        return text
+    return text[: most // 2] + text[len(text) - (most - most // 2):]
 
 
 def in_range(samples: list[TokenizedExample], min_tokens: int, max_tokens: int,

@@ -53,7 +53,7 @@ import numpy as np
 
 from elastic_bench import tasks as task_registry
 from elastic_bench.foundation.registry import did_you_mean
-from elastic_bench.tasks import ruler
+from elastic_bench.tasks import LengthTooShortError, ruler
 from elastic_bench.testbed import text as testbed_text
 from elastic_bench.testbed.generators import SPECS as TESTBED_SPECS
 from elastic_bench.training.engine import tokenize
@@ -273,7 +273,7 @@ def default_lengths(positions: int, shortest: int = 1024, longest: int = 32768) 
 
 
 def router_records(tokenizer, lengths: Sequence[int], samples: int, tasks: Sequence[RecordTask], seed: int = 0,
-                   left_out: list[tuple[str, int, int]] | None = None) -> Iterator[dict[str, Any]]:
+                   left_out: list[tuple[str, int, int | None]] | None = None) -> Iterator[dict[str, Any]]:
     """Records of ``tasks`` for ``tokenizer``: at each length, ``samples`` per category, interleaved; record ``i`` of
     a category of ``n`` tasks is record ``i // n`` of its task ``i % n``.
 
@@ -281,7 +281,7 @@ def router_records(tokenizer, lengths: Sequence[int], samples: int, tasks: Seque
     ``identities`` (`RecordTask`), ``length`` (the requested one) and ``tokens`` (its `record_tokens`, at most
     ``length``). A task whose smallest record is longer than a length is
     left out at that length (the other tasks of its category take its turns) and noted in ``left_out`` as ``(task,
-    length, tokens of its smallest record)``.
+    length, tokens of its smallest record)``, None for the tokens of a task that builds no record that short.
 
     Raises:
         ValueError: no task of a category fits a length with this tokenizer.
@@ -292,13 +292,17 @@ def router_records(tokenizer, lengths: Sequence[int], samples: int, tasks: Seque
             members, smallest = [], {}
             for task in (t for t in tasks if t.category == category):
                 task.prepare(tokenizer, length, stream_seed(seed, task.name, length))
-                smallest[task.name] = _build(task, tokenizer, task.min_units(0), 0, seed, length)[2]
-                if smallest[task.name] <= length:
+                try:
+                    smallest[task.name] = _build(task, tokenizer, task.min_units(0), 0, seed, length)[2]
+                except LengthTooShortError:  # a generator that builds nothing this short (its message says why)
+                    smallest[task.name] = None
+                if smallest[task.name] is not None and smallest[task.name] <= length:
                     members.append(task)
                 elif left_out is not None:
                     left_out.append((task.name, length, smallest[task.name]))
             if smallest and not members:
-                sizes = ", ".join(f"{name} {tokens}" for name, tokens in smallest.items())
+                sizes = ", ".join(f"{name} {'none at this length' if tokens is None else tokens}"
+                                  for name, tokens in smallest.items())
                 raise ValueError(f"no {category} task fits a length of {length} tokens with this tokenizer; their "
                                  f"smallest records take: {sizes}")
             groups += [members] if members else []

@@ -13,16 +13,19 @@ The paper's released mixture in the official format (`OFFICIAL_MIXTURES`) is fou
 local copy under the data directory, else the Hugging Face hub.
 
 Read by the router trainer (`elastic_bench.method.data`) and the gate trainers (`elastic_bench.baselines.training`).
+Every record is checked as the data it claims to be (`to_example`): a JSON object whose fields have their types, with
+a prompt and an answer that are not empty; a bad one is one ValueError naming its file and line (`read_examples`).
 """
 
 from __future__ import annotations
 
 import ast
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from elastic_bench.foundation.files import parse_json, read_lines
 
 SUMMARY_PREFIX = "You are given several news passages. Write a one-page summary of all news."
 CODE_PREFIX = "Please complete the code given below."
@@ -68,62 +71,105 @@ def files_sha256(folder: Path, files: list[Path]) -> str:
     return cached_digest(files[0]) if files == [folder] else files_digest(folder, files)
 
 
-def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """Records of a ``.jsonl`` or ``.parquet`` file, or of every such file in a directory (sorted by name)."""
+def read_records(path: str | Path) -> list[Any]:
+    """Records of a ``.jsonl`` or ``.parquet`` file, or of every such file in a directory (sorted by name); each JSON
+    line at most `elastic_bench.foundation.files.MAX_LINE_BYTES`."""
+    return [record for _, record in _located(path)]
+
+
+def read_examples(path: str | Path) -> list[Example]:
+    """The records at ``path`` (`read_records`) as examples (`to_example`), a bad record named by its file and
+    line."""
+    return [to_example(record, where) for where, record in _located(path)]
+
+
+def _located(path: str | Path) -> list[tuple[str, Any]]:
+    """``(where, record)`` of every record at ``path``: ``FILE:LINE`` of a JSON line, ``FILE row N`` of a parquet
+    row."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"training data {path} does not exist")
     files = record_files(path)
     if not files:
         raise FileNotFoundError(f"{path} holds no .jsonl or .parquet files")
-    records: list[dict[str, Any]] = []
+    records: list[tuple[str, Any]] = []
     for file in files:
         if file.suffix == ".parquet":
             try:
                 import pyarrow.parquet as pq
             except ImportError:
                 raise ValueError("reading parquet needs pyarrow: pip install 'elastic-bench[train]'") from None
-            records.extend(pq.read_table(file).to_pylist())
+            records.extend((f"{file} row {i + 1}", row) for i, row in enumerate(pq.read_table(file).to_pylist()))
         elif file.suffix == ".jsonl":
-            with file.open() as handle:
-                for number, line in enumerate(handle, 1):
-                    if line.strip():
-                        try:
-                            records.append(json.loads(line))
-                        except json.JSONDecodeError as err:
-                            raise ValueError(f"{file}:{number}: not a JSON object ({err.msg})") from None
+            for number, line, _ in read_lines(file):
+                if line.strip():
+                    try:
+                        records.append((f"{file}:{number}", parse_json(line.decode("utf-8"))))
+                    except (ValueError, UnicodeDecodeError) as err:
+                        raise ValueError(f"{file}:{number}: not a JSON object ({err})") from None
         else:
             raise ValueError(f"training data must be .jsonl or .parquet, got {file}")
     return records
 
 
-def to_example(record: dict[str, Any], where: str = "record") -> Example:
-    """Normalise a plain or official record (see the module docstring) to an `Example`."""
+def to_example(record: Any, where: str = "record") -> Example:
+    """Normalise a plain or official record (see the module docstring) to an `Example`.
+
+    Raises:
+        ValueError: the record is not a JSON object, a field has the wrong type, or its prompt or answer is empty (one
+            line starting with ``where``).
+    """
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: a record must be a JSON object, got {type(record).__name__}")
     if "prompt" in record:
-        missing = [k for k in ("prompt", "answer", "category") if not isinstance(record.get(k), str)]
-        if missing:
-            raise ValueError(f"{where}: plain records need string fields prompt, answer, category; bad: {missing}")
-        return Example(record["prompt"], record["answer"], record["category"])
+        bad = [k for k in ("prompt", "answer", "category") if not isinstance(record.get(k), str)]
+        if bad:
+            raise ValueError(f"{where}: plain records need string fields prompt, answer, category; bad: {bad}")
+        return _filled(Example(record["prompt"], record["answer"], record["category"]), record["prompt"], where)
     if "context" in record or "question" in record:
-        meta = _metadata(record)
-        task = meta.get("task")
-        if not isinstance(task, str):
-            raise ValueError(f"{where}: official records need metadata.task (the category)")
-        context = "\n" + (record.get("context") or "").replace("\ufeff", "").rstrip()
-        question = "\n" + (record.get("question") or "").replace("\ufeff", "").lstrip()
+        meta = _metadata(record.get("metadata"), where)
+        texts = {k: "" if record.get(k) is None else record[k] for k in ("context", "question", "answer")}
+        bad = [k for k, v in texts.items() if not isinstance(v, str)]
+        if bad:
+            raise ValueError(f"{where}: official records need string fields context, question, answer; bad: {bad}")
+        task = meta["task"]
+        context = "\n" + texts["context"].replace("\ufeff", "").rstrip()
+        question = "\n" + texts["question"].replace("\ufeff", "").lstrip()
         user = question + "\n" + context if meta.get("is_prefix", True) else context + "\n" + question
         if task == "Summarization":
             user = SUMMARY_PREFIX + user + "\n\nSummary:"
         elif task == "Code":
             user = CODE_PREFIX + user
-        return Example(user, (record.get("answer") or "").replace("\ufeff", ""), task)
+        return _filled(Example(user, texts["answer"].replace("\ufeff", ""), task), texts["context"] + texts["question"],
+                       where)
     raise ValueError(f"{where}: expected fields prompt/answer/category or context/question/answer/metadata")
 
 
-def _metadata(record: dict[str, Any]) -> dict[str, Any]:
-    """An official record's ``metadata``: a dict, or its string as the official files may hold it."""
-    meta = record.get("metadata") or {}
-    return ast.literal_eval(meta) if isinstance(meta, str) else meta
+def _metadata(meta: Any, where: str) -> dict[str, Any]:
+    """An official record's metadata (a mapping, or its Python literal as a string) with a string ``task`` and a bool
+    ``is_prefix`` where given."""
+    if isinstance(meta, str):
+        try:
+            meta = ast.literal_eval(meta)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            raise ValueError(f"{where}: metadata is a string that is not a literal mapping") from None
+    meta = meta or {}
+    if not isinstance(meta, dict):
+        raise ValueError(f"{where}: metadata must be an object with task (the category), got {type(meta).__name__}")
+    if not isinstance(meta.get("task"), str):
+        raise ValueError(f"{where}: official records need metadata.task (the category)")
+    if not isinstance(meta.get("is_prefix", True), bool):
+        raise ValueError(f"{where}: metadata.is_prefix must be true or false, got {meta['is_prefix']!r}")
+    return meta
+
+
+def _filled(example: Example, given: str, where: str) -> Example:
+    """``example``, refused when the record's own prompt text ``given`` or its answer is empty (nothing to learn)."""
+    empty = [name for name, text in (("prompt", given), ("answer", example.answer)) if not text.strip()]
+    if empty:
+        raise ValueError(f"{where}: its {' and '.join(empty)} is empty; a training record needs a prompt and an "
+                         "answer")
+    return example
 
 
 def record_task(record: dict[str, Any]) -> tuple[str, str | None]:
@@ -131,7 +177,7 @@ def record_task(record: dict[str, Any]) -> tuple[str, str | None]:
     none) and category; an official record's label and the label's category (`PAPER_LABELS`)."""
     if "prompt" in record:
         return record.get("task") or record["category"], record["category"]
-    label = _metadata(record)["task"]
+    label = _metadata(record.get("metadata"), "record")["task"]
     return label, PAPER_LABELS.get(label)
 
 

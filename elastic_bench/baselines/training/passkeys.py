@@ -383,10 +383,10 @@ def _record_samples(data: PasskeyData, tokenizer) -> tuple[list[dict], list[Pass
     """The records of ``data.records`` and their samples (chat-template prompt + answer + EOS, at most
     ``max_length``)."""
     from elastic_bench.training.engine import tokenize
-    from elastic_bench.training.records import read_records, to_example
+    from elastic_bench.training.records import read_examples, read_records
 
     records = read_records(data.records)
-    examples = [to_example(r, f"{data.records} record {i + 1}") for i, r in enumerate(records)]
+    examples = read_examples(data.records)
     if not examples:
         raise ValueError(f"--records {data.records} holds no records")
     categories = sorted({e.category for e in examples})
