@@ -116,9 +116,10 @@ def _run(command: Command, args: argparse.Namespace) -> int:
     # backend and method checks import torch, then the device.
     check_folder_output(args.output)
     (config,) = command.configs_from(args, method_options=_merged_method_options(args))
-    from elastic_bench.modeling.loading import check_device
+    from elastic_bench.modeling.loading import check_device, check_device_map
 
     check_device(config.device)
+    check_device_map(config.device_map)
     rows = run(config)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for the run
         print(format_rows(rows, config.output))

@@ -38,7 +38,7 @@ from elastic_bench import tasks as task_registry
 from elastic_bench.evaluation.presets import applies, get_preset
 from elastic_bench.evaluation.presets import label as preset_label
 from elastic_bench.evaluation.terminal import summary_row
-from elastic_bench.foundation.options import check_fields, check_value
+from elastic_bench.foundation.options import check_fields, check_lengths, check_value
 from elastic_bench.foundation.registry import check_declared, did_you_mean
 from elastic_bench.modeling.choices import METHODS_GROUP, KVCache
 from elastic_bench.results.store import Cell, StorageError
@@ -128,8 +128,7 @@ class RunConfig:
     def __post_init__(self):
         if not self.methods or not self.tasks or not self.lengths:
             raise ValueError("a run needs at least one method, one task and one length")
-        if any(length <= 0 for length in self.lengths):
-            raise ValueError(f"lengths must be positive token counts, got {self.lengths}")
+        check_lengths("lengths", self.lengths)
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be at least 1, got {self.limit}")
         if self.seed < 0:
@@ -155,7 +154,7 @@ class RunConfig:
 
         if self.backend != "auto" and self.backend not in backend_names():
             raise did_you_mean("attention backend", self.backend, ["auto", *backend_names()])
-        self.build_methods()
+        _check_distinct(self.methods, [self.label(m) for m in self.build_methods()])
 
     def build_methods(self) -> list[Method]:
         """The run's methods, each with the preset's options (none without a preset) and ``method_options`` over
@@ -382,6 +381,17 @@ def _check_cell(cell: Cell, fingerprint: dict[str, Any], strict: bool, data_dir:
                          "again)")
     print(f"elastic-bench: cell {cell.dir}: {reason}; computing it again", file=sys.stderr)
     cell.clear()
+
+
+def _check_distinct(names: list[str], folders: list[str]) -> None:
+    """Refuse methods ``names`` of which two have the same result folder ``folders`` (the same name twice, or two
+    names of one method, ``full,dense``, with the same options): the run would count one configuration twice."""
+    for i, folder in enumerate(folders):
+        if folder in folders[:i]:
+            first = names[folders.index(folder)]
+            also = "given twice" if first == names[i] else f"and {names[i]!r} name the same method"
+            raise ValueError(f"methods: {first!r} {also}, with the same options (result folder {folder}); give it "
+                             "once")
 
 
 def _check_placement_options(config: RunConfig) -> None:

@@ -349,6 +349,14 @@ def load_model(spec: str | ModelSource, dtype: torch.dtype | None = None, device
     return model, tokenizer
 
 
+def check_device_map(device_map: str | None) -> None:
+    """Refuse ``device_map="auto"`` on a machine without a GPU, where the command line would run it on the CPU without
+    a word (`load_model` itself accepts it: accelerate places every layer on the CPU)."""
+    if device_map is not None and not torch.cuda.is_available():
+        raise ValueError("--device-map auto spreads a model over this host's GPUs, and it has none "
+                         "(torch.cuda.is_available() is False): leave it out to run on the CPU")
+
+
 def check_placement(spec: str | ModelSource, tp: int = 1, device_map: str | None = None,
                     world_size: int | None = None) -> None:
     """Refuse a placement of model ``spec`` that cannot work, reading its config only (no weights): ``tp`` that the
