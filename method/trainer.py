@@ -61,7 +61,15 @@ from elastic_bench.training.engine import all_reduce_sum as _all_reduce_sum
 from elastic_bench.training.engine import tokenize as tokenize_examples
 
 from .checkpoint import RouterBank, RouterConfig, save_routers
-from .data import DEFAULT_TARGETS, check_categories, load_examples, synthetic_records, to_example
+from .data import (
+    DEFAULT_TARGETS,
+    check_categories,
+    check_targets,
+    load_examples,
+    read_records,
+    synthetic_records,
+    to_example,
+)
 from .modes import ModeConfig
 from .objective import LagrangeMultipliers, omega_msr, sparsity_penalty
 from .relaxation import gumbel_noise, temperature
@@ -227,9 +235,22 @@ def train(
 
     The output folder is locked for the run (`elastic_bench.foundation.files.exclusive`).
     """
+    check_targets(data_categories(config), config.targets)  # a misspelt --target, before the model loads
     ranks = Ranks.from_env(config.device)
     with exclusive(options.output, "elastic-bench train-router", enabled=ranks.is_main):
         return _train(config, options, loaded, ranks)
+
+
+def data_categories(config: RouterTrainConfig) -> set[str]:
+    """The categories of the training data ``config.data``, known without a model: those of the records a model's
+    own data holds (``records``), of the synthetic set, or of the records file's records."""
+    from elastic_bench.training.make_records import CATEGORIES
+
+    if config.data == "records":
+        return set(CATEGORIES)
+    if config.data == "synthetic":
+        return {r["category"] for r in synthetic_records(2, 1, config.seed)}
+    return {to_example(r, f"{config.data} record {i + 1}").category for i, r in enumerate(read_records(config.data))}
 
 
 def _train(config: RouterTrainConfig, options: RunOptions, loaded: tuple[nn.Module, Any] | None,

@@ -269,6 +269,20 @@ def test_cli_trains_on_records_and_rejects_unknown_categories(tmp_path, capsys):
     assert "['robust'] have no target" in capsys.readouterr().err
 
 
+def test_a_misspelt_target_is_refused_with_a_suggestion_before_the_model_loads(tmp_path, capsys, no_model):
+    from elastic_bench.cli import main
+
+    data = tmp_path / "records.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in synthetic_records(4, length=50)))
+    for source in (str(data), "synthetic", "records"):
+        code = main(["train-router", "--data", source, "--target", "sensitiv=0.9", "--target", "robust=1.0",
+                     "--output", str(tmp_path / "out")])
+        (err,) = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and err.endswith("--target sensitiv=0.9 names no category of the data: did you mean --target "
+                                          "sensitive=0.9?"), err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 def test_two_processes_on_gloo_give_the_same_router_as_one(tmp_path):
     """torchrun with 2 CPU ranks (gloo, FSDP2 over the backbone) on the same global batch as one process."""
