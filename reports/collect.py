@@ -59,7 +59,9 @@ class CellResult:
     ``samples_per_second`` the generation throughput of the prompts run batched, at ``batch_size`` (NaN for a cell
     run at batch 1): a throughput, never a prefill time; ``device`` and ``backend`` say where and on which attention
     kernel the prefills ran; ``artifacts`` the learned files the method loaded, by option name, as SHA-256 digests
-    (``{"router": "818e…"}``); ``versions``, ``git_hash``, ``source_digest`` and ``date`` where and from which code
+    (``{"router": "818e…"}``), and ``learned_files`` their names (``{"router": "testbed/elastic_router"}``: a file the
+    model ships under the model's name, any other by its last path component; {} for a cell that records none);
+    ``versions``, ``git_hash``, ``source_digest`` and ``date`` where and from which code
     the cell was computed. ``error`` is set for failed cells, whose numbers are NaN. ``run`` names the run folder
     among several (`elastic-bench compare`), ``cell`` is the cell in the results store.
     """
@@ -83,6 +85,7 @@ class CellResult:
     options: dict[str, Any] = field(default_factory=dict, compare=False)
     preset: str | None = None
     artifacts: dict[str, str] = field(default_factory=dict, compare=False)
+    learned_files: dict[str, str] = field(default_factory=dict, compare=False)
     breakdown: dict[str, float] = field(default_factory=dict, compare=False)
     versions: dict[str, str] = field(default_factory=dict, compare=False)
     git_hash: str = ""
@@ -148,6 +151,7 @@ def _result(cell: Cell, run: str, aggregations: Aggregations | None) -> CellResu
         options=dict(metrics.get("method_options") or {}),
         preset=str(metrics["preset"]) if metrics.get("preset") else None,
         artifacts={str(k): str(v) for k, v in (fingerprint.get("artifacts") or {}).items()},
+        learned_files={str(k): str(v) for k, v in (metrics.get("learned_files") or {}).items()},
         breakdown={k.removeprefix("score_"): _number(metrics, k) for k in metrics if k.startswith("score_")},
         versions={str(k): str(v) for k, v in (metrics.get("versions") or {}).items()},
         git_hash=str(metrics.get("git_hash") or ""),

@@ -115,10 +115,12 @@ def cell_folds(comparison: Comparison) -> list[tuple[str, list[tuple[str, list[s
 
 
 def comparable(comparison: Comparison) -> str:
-    """One sentence: the cells every configuration completed."""
+    """One sentence: the cells every configuration completed, and the samples behind each of their scores."""
     tasks, lengths = comparison.tasks, comparison.lengths
+    each = tables.per_cell([cell.num_samples for c in comparison.configs for cell in c.cells.values()])
     return (f"Comparable cells (completed by every configuration): {len(tasks)} task(s) × {len(lengths)} length(s): "
-            f"{', '.join(tasks) or '–'} at {', '.join(map(str, lengths)) or '–'} tokens.")
+            f"{', '.join(tasks) or '–'} at {', '.join(map(str, lengths)) or '–'} tokens; every score below is a mean "
+            f"over {each} samples per cell.")
 
 
 def short_hash(git_hash: str) -> str:

@@ -73,5 +73,5 @@ def test_head_ablation_finds_the_shipped_retrieval_heads_and_writes_duo_gates(tm
     assert (gates > 0.25).sum() == 1
     write_gates(gates, tmp_path / "gates.tsv")
     assert load_gates(tmp_path / "gates.tsv") == pytest.approx(gates.round(4))
-    shipped = load_gates(TESTBED_DIR / "head_gates.tsv")
+    shipped = load_gates(TESTBED_DIR / "head_ablation.tsv")
     assert shipped.shape == (6, 2) and int(np.argmax(shipped)) == 10 and (shipped > 0.25).sum() == 1  # GPU, 20 samples

@@ -180,7 +180,8 @@ class ElasticLM(HFLM):
         stats.update(sample_means(samples), num_samples=len(samples))
         kept = [log.kv_bytes[row] for row in rows if row in log.kv_bytes]
         if kept:
-            stats.update(kv_bytes=sum(k for k, _ in kept) / len(kept), kv_bytes_full=sum(f for _, f in kept) / len(kept))
+            stats.update(kv_bytes=sum(k for k, _ in kept) / len(kept),
+                         kv_bytes_full=sum(f for _, f in kept) / len(kept))
         decisions = self.handle.decisions()[rows]  # [N, L, H]
         stats["fraction_full"] = (decisions == Mode.FULL).float().mean(dim=(0, 2)).tolist() if decisions.numel() else []
         return {key: None if isinstance(value, float) and math.isnan(value) else value for key, value in stats.items()}

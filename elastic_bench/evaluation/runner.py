@@ -198,6 +198,7 @@ class _Session:
     stop_ids: set[int]  # the model's and tokenizer's end-of-sequence ids
     ranks: Ranks
     originals: dict[str, str]  # the run's copy of each learned file → the file it copies (`_held`), for messages
+    learned: dict[str, dict[str, str]] = field(default_factory=dict)  # result folder → `learned_names` of its method
     batch_sizes: dict[int, int] = field(default_factory=dict)  # length → the batch `auto` found (or backed off to)
 
 
@@ -257,6 +258,7 @@ def _run(config: RunConfig, held: Path) -> list[dict[str, Any]]:
     kept = [_held(m, source, held / str(i)) for i, m in enumerate(built)]  # (the method loading the copies, digests)
     running = {config.label(m): method for m, (method, _, _) in zip(built, kept)}
     originals = {copy: path for _, _, copies in kept for copy, path in copies.items()}
+    learned = {config.label(m): learned_names(m.artifacts(source.path), source) for m in built}
     model_files = model_digest(source)
     fingerprints = {config.label(m): _fingerprint(config, m, digests, model_files)
                     for m, (_, digests, _) in zip(built, kept)}
@@ -289,7 +291,7 @@ def _run(config: RunConfig, held: Path) -> list[dict[str, Any]]:
         model, tokenizer = load_model(source, dtype=dtype, device=ranks.device(config.device), tp=config.tp,
                                       device_map=config.device_map)
         session = _Session(config, model, tokenizer, model_context(model.config), stop_ids(model, tokenizer),
-                           ranks, originals)
+                           ranks, originals, learned)
         rows = []
         overall = tqdm(total=len(task_names) * len(config.lengths) * len(built), unit="cell", position=0,
                        disable=not (config.progress and ranks.is_main), file=sys.stderr)
@@ -340,6 +342,19 @@ def _held(method: Method, source: ModelSource, folder: Path) -> tuple[Method, di
     running = dataclasses.replace(method, **{name: str(copy) for name, copy in copies.items()})
     originals = {str(copy): str(paths[name]) for name, copy in copies.items()}
     return running, {name: digest(copy) for name, copy in copies.items()}, originals
+
+
+def learned_names(paths: dict[str, Path], source: ModelSource) -> dict[str, str]:
+    """How a report names each learned file of ``paths`` (`Method.artifacts`, by option name): one the model ships as
+    ``<model>/<its path in the model folder>`` (``testbed/duo_gates``), any other by its last path component; recorded
+    in each cell as ``learned_files``, so that a label says which file a method left at ``auto`` loaded."""
+    model_dir = Path(source.path).resolve() if source.path else None
+    names = {}
+    for option, path in paths.items():
+        path = Path(path).resolve()
+        inside = model_dir is not None and path.is_relative_to(model_dir)
+        names[option] = f"{source.label}/{path.relative_to(model_dir).as_posix()}" if inside else path.name
+    return names
 
 
 def _fingerprint(config: RunConfig, method: Method, artifacts: dict[str, str], model_files: str | None
@@ -427,6 +442,7 @@ def _cell_config(inputs: _CellInputs, n: int) -> dict[str, Any]:
         "timed_samples": config.timed_samples,
         "allow_extrapolation": config.allow_extrapolation,
         "model_context": inputs.session.context,
+        "learned_files": inputs.session.learned.get(inputs.cell.method, {}),
         "fingerprint": fingerprint,
         **provenance(config.device),
     }

@@ -11,10 +11,12 @@ from typing import Any
 
 from elastic_bench.results.store import Cell
 
+HIDDEN = ("device", "learned_files")  # kept for `format_rows`' caveat and its line of learned files, not columns
+
 
 def summary_row(cell: Cell) -> dict[str, Any]:
-    """One line of the run summary for ``cell``; ``device`` (where it ran) is kept for `format_rows`' CPU caveat and
-    not shown as a column."""
+    """One line of the run summary for ``cell``; ``device`` (where it ran) and ``learned_files`` (the names of the
+    learned files its method loaded, by option) are kept for `format_rows` and not shown as columns."""
     metrics = cell.metrics() or {}
     return {
         "model": cell.model,
@@ -23,19 +25,22 @@ def summary_row(cell: Cell) -> dict[str, Any]:
         "length": cell.length,
         "status": metrics.get("status", "missing"),
         "score": metrics.get("score"),
+        "n": metrics.get("num_samples"),
         "omega_msr": metrics.get("omega_msr"),
         "omega_esr": metrics.get("omega_esr"),
         "prefill_ms": 1000 * metrics["prefill_seconds"] if "prefill_seconds" in metrics else None,
         "device": metrics.get("device"),
+        "learned_files": metrics.get("learned_files") or {},
     }
 
 
 # Decimals per column of the terminal table: scores are 0-100, sparsities fractions.
 _DECIMALS = {"score": 1, "omega_msr": 3, "omega_esr": 3, "prefill_ms": 1}
 _HEADERS = {"omega_msr": "ΩMSR", "omega_esr": "ΩESR"}
-LEGEND = ("score: the task's score (0-100); ΩMSR: share of (layer, KV head) pairs not attending in full; ΩESR: share "
-          "of causal (query, key) pairs skipped;\nprefill_ms: mean prefill of a cell's prompts timed alone. The "
-          "summary gives means over a method's complete cells, and the median of their prefill_ms.")
+LEGEND = ("score: the task's score (0-100) over n samples; ΩMSR: share of (layer, KV head) pairs not attending in "
+          "full;\nΩESR: share of causal (query, key) pairs skipped; prefill_ms: mean prefill of a cell's prompts timed "
+          "alone. The summary gives\nmeans over a method's complete cells, the samples behind them, and the median of "
+          "their prefill_ms.")
 CPU_CAVEAT = ("prefill_ms was measured on the CPU, where sparse methods do not run the GPU kernels: it says nothing of "
               "their speedups.")
 
@@ -47,15 +52,25 @@ def format_rows(rows: list[dict[str, Any]], output: str | Path) -> str:
 
     if not rows:
         return "(no cells)"
-    columns = [c for c in rows[0] if c != "device"]
+    columns = [c for c in rows[0] if c not in HIDDEN]
     table = tabulate([[_format(c, r[c]) for c in columns] for r in rows],
                      headers=[_HEADERS.get(c, c) for c in columns], disable_numparse=True)
     summary = tabulate(_method_summary(rows), headers="keys", disable_numparse=True)
-    lines = [summary, "", table, "", LEGEND, f"results: {output} (full tables and frontiers: elastic-bench report "
-             f"{output})"]
+    lines = [summary, "", table, "", LEGEND, *_learned_line(rows), f"results: {output} (full tables and frontiers: "
+             f"elastic-bench report {output})"]
     if any(str(r.get("device") or "").startswith("cpu") and r.get("prefill_ms") is not None for r in rows):
         lines.append(CPU_CAVEAT)
     return "\n".join(lines)
+
+
+def _learned_line(rows: list[dict[str, Any]]) -> list[str]:
+    """One line naming the learned files each method loaded (``duo_attention: pattern=testbed/duo_gates; ...``), none
+    where no method loaded any."""
+    found = {}
+    for r in rows:
+        if r.get("learned_files"):
+            found.setdefault(r["method"], ", ".join(f"{k}={v}" for k, v in r["learned_files"].items()))
+    return ["learned files: " + "; ".join(f"{method}: {files}" for method, files in found.items())] if found else []
 
 
 def _method_summary(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -69,8 +84,9 @@ def _method_summary(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
             "method": method,
             "complete": f"{len(complete)}/{len(mine)}",
             "failed": str(sum(r["status"] == "failed" for r in mine)),
-            **{_HEADERS.get(k, k): _format(k, _over(complete, k, statistics.fmean))
-               for k in ("score", "omega_msr", "omega_esr")},
+            "score": _format("score", _over(complete, "score", statistics.fmean)),
+            "n": str(sum(r["n"] or 0 for r in complete)),
+            **{_HEADERS[k]: _format(k, _over(complete, k, statistics.fmean)) for k in ("omega_msr", "omega_esr")},
             "prefill_ms (median)": _format("prefill_ms", _over(complete, "prefill_ms", statistics.median)),
         })
     return summary

@@ -33,7 +33,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal, Union
 
-
 TOKEN_UNITS = {"K": 1024, "M": 1024**2}
 
 
