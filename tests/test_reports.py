@@ -214,7 +214,8 @@ def test_report_files_render_tables_plots_and_failures_folded(run_dir, tmp_path)
     assert all(f"]({p.name})" in md for p in pngs)  # every plot beside the Markdown, linked
     assert _row(md, "elastic") == ["elastic", "60.00", "16 (4 per cell)", "0.800", "0.400", "1.250", "1.60", "split",
                                    "NVIDIA H200", "ΩESR, speedup"]
-    assert _row(md, "bad") == ["bad", "25.00", "16 (4 per cell)", "0.600", "0.300", "1.500", "1.33", "split", "NVIDIA H200", "–"]
+    assert _row(md, "bad") == ["bad", "25.00", "16 (4 per cell)", "0.600", "0.300", "1.500", "1.33", "split",
+                               "NVIDIA H200", "–"]
     assert "does not measure kernel speed" not in md
     # the two failed cells share one message: it is printed once, with both cells
     assert md.count("out of memory at 4096 tokens") == 1
