@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -284,7 +285,7 @@ def _train(config: RouterTrainConfig, options: RunOptions, loaded: tuple[nn.Modu
     for router in bank.layers:
         router.reset_parameters(gen)
     if config.center_features:  # a resumed run overwrites it with the saved one
-        feature_means(model, bank, eval_rows, len(categories), device)
+        feature_means(model, bank, eval_rows, len(categories), device, options.progress and ranks.is_main)
     lambdas = LagrangeMultipliers(len(categories), gen)
     bank.to(device)
     lambdas.to(device)
@@ -308,7 +309,8 @@ def _train(config: RouterTrainConfig, options: RunOptions, loaded: tuple[nn.Modu
         # Evaluation needs no gradient: the fastest inference backend (a compiled one would recompile per prompt
         # length).
         with apply(method, model, backend="auto") as handle:
-            final = evaluate_routing(handle, loss_model, eval_rows, categories, device)
+            final = evaluate_routing(handle, loss_model, eval_rows, categories, device,
+                                     options.progress and ranks.is_main)
         if ranks.is_main:
             objective.export(config.steps, final, replica_diff if ranks.world_size > 1 else None)
     table = lambdas.table(categories)
@@ -453,9 +455,12 @@ class RowBatches(torch.utils.data.Dataset):
         return out
 
 
-def feature_means(model: nn.Module, bank, rows: list[PackedRow], num_categories: int, device) -> None:
+def feature_means(model: nn.Module, bank, rows: list[PackedRow], num_categories: int, device,
+                  progress: bool = False) -> None:
     """Set each router's ``feature_mean [H, D]``: the mean over categories of the per-category mean pooled pre-RoPE key
-    of the prompts of ``rows``, with full attention on every head."""
+    of the prompts of ``rows``, with full attention on every head (``progress``: a bar over the rows)."""
+    from tqdm.auto import tqdm
+
     from elastic_bench.modeling.attention import apply
     from elastic_bench.modeling.interface import Method
 
@@ -475,7 +480,7 @@ def feature_means(model: nn.Module, bank, rows: list[PackedRow], num_categories:
 
     loss_model = LossModel(model)
     with torch.no_grad(), autocast(device), apply(_Pool(), model, backend="auto"):
-        for row in rows:
+        for row in tqdm(rows, desc="feature means", unit="row", disable=not progress, file=sys.stderr):
             current["cat"] = row.categories.tolist()
             loss_model(*row_inputs(row, device)[:4], None)
             counts.index_add_(0, row.categories, torch.ones(row.num_samples, dtype=torch.float64))
@@ -494,12 +499,15 @@ def lr_factor(step: int, config: RouterTrainConfig) -> float:
     return config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def evaluate_routing(handle, loss_model: LossModel, rows: list[PackedRow], categories: list[str], device):
+def evaluate_routing(handle, loss_model: LossModel, rows: list[PackedRow], categories: list[str], device,
+                     progress: bool = False):
     """Mean hard ΩMSR per category with the deterministic (argmax) routers of ``handle``'s method on prompt-only
-    rows."""
+    rows (``progress``: a bar over the rows)."""
+    from tqdm.auto import tqdm
+
     sums, counts = [0.0] * len(categories), [0] * len(categories)
     with torch.no_grad(), autocast(device):
-        for row in rows:
+        for row in tqdm(rows, desc="final evaluation", unit="row", disable=not progress, file=sys.stderr):
             handle.reset()
             loss_model(*row_inputs(row, device)[:4], None)
             for sample, cat in zip(handle.stats()["per_sample"], row.categories.tolist()):

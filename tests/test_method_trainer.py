@@ -264,7 +264,9 @@ def test_cli_trains_on_records_and_rejects_unknown_categories(tmp_path, capsys):
     assert not any(name.endswith(".pt") for name in names)
     log = [json.loads(line) for line in (tmp_path / "out" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2]
-    assert "final hard ΩMSR" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "final hard ΩMSR" in captured.out
+    assert "train-router: 100%" in captured.err and "final evaluation: 100%" in captured.err  # a bar for each phase
     assert main([*args, "--output", str(tmp_path / "other"), "--target", "sensitive=0.3"]) == 2
     assert "['robust'] have no target" in capsys.readouterr().err
 
