@@ -59,6 +59,11 @@ class Plot:
     caption: str
     png: bytes
 
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height) in pixels, read from the PNG's header chunk."""
+        return int.from_bytes(self.png[16:20], "big"), int.from_bytes(self.png[20:24], "big")
+
 
 def styles(comparison: Comparison) -> dict[str, tuple[tuple, str]]:
     """(colour, marker) of each configuration label: a hue per method (`HUES`, cycled beyond nine methods), shades of

@@ -29,7 +29,7 @@ from . import plots, tables
 from .collect import CellResult
 from .free_sparsity import DELTA, free_sparsity
 from .labels import folder_label, ran_with
-from .page import TEMPLATE
+from .page import TEMPLATE, WIDE_PIXELS
 from .published import load_published, matches
 from .summary import Comparison
 from .tables import Table, escape, slug
@@ -193,7 +193,8 @@ def render_html(built: Built, source: str, stamp: str) -> str:
             "groups": [{"id": g.id, "heading": g.heading, "notes": g.notes,
                         "tables": [{"id": t.id, "title": t.title, "note": t.note, **_html_table(t)}
                                    for t in g.tables],
-                        "plots": [{"id": p.id, "title": p.title, "caption": p.caption,
+                        "plots": [{"id": p.id, "title": p.title, "caption": p.caption, "width": p.size[0],
+                                   "height": p.size[1], "wide": p.size[0] > WIDE_PIXELS,
                                    "data": base64.b64encode(p.png).decode("ascii")} for p in g.plots]}
                        for g in found],
             "cells": cell_folds(comparison),
