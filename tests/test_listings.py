@@ -59,7 +59,7 @@ def test_what_tasks_says_is_true_offline_tasks_run_and_the_others_name_their_fir
     first file it is listed with."""
     from elastic_bench.modeling.loading import byte_tokenizer
 
-    def offline(*args):
+    def offline(*args, **kwargs):
         raise ConnectionError("no hub in tests")
 
     monkeypatch.setattr(corpora, "hub_download", offline)
