@@ -123,6 +123,21 @@ def test_batch_size_detection_is_not_counted_in_the_sparsity(gates):
     assert len(auto[key]["fraction_full"]) == len(fixed[key]["fraction_full"])
 
 
+def test_loglikelihoods_on_the_testbed_warn_that_it_cannot_model_real_text(caplog):
+    lm = ElasticLM(pretrained="testbed", device="cpu", method="full")
+    try:
+        batches = requests()
+        bridge = "elastic_bench.evaluation.lm_eval_bridge"
+        with caplog.at_level("WARNING", logger=bridge):
+            lm.generate_until(batches["generate_until"][:1], disable_tqdm=True)
+            assert not [r for r in caplog.records if r.name == bridge]  # generation is what the testbed does
+            lm.loglikelihood(batches["loglikelihood"][:2], disable_tqdm=True)
+        (warning,) = [r.getMessage() for r in caplog.records if r.name == bridge]
+        assert warning.startswith("the testbed model cannot model real text") and "task toy_loglikelihood" in warning
+    finally:
+        lm.close()
+
+
 def test_greedy_generation_runs_the_shared_loop_and_gives_transformers_text(monkeypatch):
     """A greedy batch runs `elastic_bench.modeling.generation.generate`: a row stops once a stop string appears (with
     transformers' ``generate`` every row runs until all are done) and lm-eval's text is the same."""

@@ -92,6 +92,9 @@ WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "of
 logger = logging.getLogger(__name__)
 REPORT_KEY = "elastic_bench"  # where the method and its sparsity go in lm-eval's results config and samples
 GREEDY_KWARGS = {"attention_mask", "do_sample", "temperature", "top_p", "top_k"}  # what greedy generation may be given
+TESTBED_TEXT = ("the testbed model cannot model real text: it was trained on the testbed's synthetic needle and copy "
+                "tasks only, with a word-level vocabulary of their words, so the loglikelihoods of task {task} say "
+                "nothing (its byte perplexity on natural text is in the hundreds); evaluate a pretrained model")
 
 
 @register_model("elastic")
@@ -121,6 +124,7 @@ class ElasticLM(HFLM):
         if plan.fell_back:
             logger.warning("device %s is not available; using %s", device, plan.device)
         self.method = plan.method
+        self._testbed = plan.source.kind == "testbed"  # warned about when it scores text (`TESTBED_TEXT`)
         model, tokenizer = load_model(plan.source, dtype=plan.dtype, device=_rank_device(plan), tp=plan.tp)
         self._applied = apply(self.method, model, backend=kernel_backend)
         self.handle = self._applied.__enter__()
@@ -155,6 +159,8 @@ class ElasticLM(HFLM):
         results: list[Any] = [None] * len(requests)
         for key, indices in groups.items():
             group = [requests[i] for i in indices]
+            if self._testbed and group[0].request_type.startswith("loglikelihood"):
+                logger.warning(TESTBED_TEXT.format(task=group[0].task_name))
             self.handle.reset()
             with self._logging_rows() as rows:
                 for i, result in zip(indices, run(group, disable_tqdm=disable_tqdm)):
