@@ -60,6 +60,19 @@ def test_reduced_demo_runs_every_method_on_the_testbed(tmp_path, capsys):
         swept = sweep_run / f"elastic-router=sensitive_{target['sensitive']}" / path.parent.parent.name / "1024"
         first = json.loads((swept / "predictions.jsonl").read_text().splitlines()[0])
         assert json.loads(path.read_text().splitlines()[0])["decisions"] == first["decisions"]
+    # DuoAttention and PruLong run the gates their trainers made (train-duo, train-prulong), as the sweep's trained
+    # baselines did: the same heads full on every prompt; and every label names the learned file its row used
+    for method, gates, swept in (("duo_attention", "duo_gates", "duo_attention-pattern=duo"),
+                                 ("prulong", "prulong_gates", "prulong-pattern=prulong")):
+        ours = json.loads(next(output.glob(f"testbed/{method}/testbed_repeat/1024/predictions.jsonl")).read_text()
+                          .splitlines()[0])
+        theirs = json.loads((sweep_run / swept / "testbed_repeat" / "1024" / "predictions.jsonl").read_text()
+                            .splitlines()[0])
+        assert ours["decisions"] == theirs["decisions"], method
+        assert f"| {method} (pattern=testbed/{gates})" in report
+    assert "| elastic (router=testbed/elastic_router)" in report
+    assert ("learned files: duo_attention: pattern=testbed/duo_gates; elastic: router=testbed/elastic_router; "
+            "prulong: pattern=testbed/prulong_gates") in printed
 
 
 def test_head_ablation_finds_the_shipped_retrieval_heads_and_writes_duo_gates(tmp_path):
