@@ -30,16 +30,21 @@ class DemoConfig:
     Attributes:
         output: run folder.
         limit: samples per task and length.
-        lengths: comma-separated lengths in tokens.
+        lengths: comma-separated lengths in tokens (1K,2K,4K adds the 4K cells, about 2.5 times the work).
+        threads: torch's CPU threads for the run (0: torch's default, one per core). One thread was measured the
+            fastest for the testbed's small matrices: at 2K tokens a prompt took 0.68 CPU seconds on one thread and
+            3.2 on two, whose threads wait for each other, and far longer under other work on the machine.
     """
 
     output: str = "runs/demo"
     limit: int = 3
-    lengths: list[int] = field(default_factory=lambda: [1024, 2048, 4096])
+    lengths: list[int] = field(default_factory=lambda: [1024, 2048])
+    threads: int = 1
 
     def __post_init__(self):
         check_at_least("--limit", self.limit, 1)
         check_lengths("--lengths", self.lengths)
+        check_at_least("--threads", self.threads, 0)
         check_folder_output(self.output)
 
 
@@ -179,13 +184,18 @@ def _merged_method_options(args: argparse.Namespace) -> dict[str, dict[str, Any]
 
 def _demo(command: Command, args: argparse.Namespace) -> int:
     (demo,) = command.configs_from(args)  # checked before the imports below, which take seconds
+    import torch
+
     from elastic_bench.evaluation.runner import RunConfig, run
     from elastic_bench.evaluation.terminal import format_rows
     from elastic_bench.modeling.interface import method_names
     from elastic_bench.modeling.loading import TESTBED_DIR
     from elastic_bench.reports import load_cells, summarize, write_report
 
-    # The testbed ships its retrieval-head gates (duo_attention / prulong find them) and its router (elastic).
+    if demo.threads:
+        torch.set_num_threads(demo.threads)
+    # The testbed ships the gates train-duo and train-prulong made for it (duo_attention / prulong find them) and its
+    # router (elastic).
     config = RunConfig(
         model="testbed", methods=method_names(),
         method_options={"streaming": {"sink": STREAMING_SINK, "local": STREAMING_LOCAL}}, tasks=["testbed"],
@@ -367,8 +377,9 @@ COMMANDS = (
     Command(
         "demo", "a small fixed run on the embedded testbed model",
         "Evaluate every registered method on the testbed tasks (sparsity-sensitive and sparsity-robust needle and "
-        "copy tasks) at 1K-4K tokens with the testbed model shipped in the package, on the CPU in a few minutes, "
-        "render the report and print where the results are.",
+        "copy tasks) at 1K and 2K tokens, 3 samples per cell (48 cells), with the testbed model shipped in the "
+        "package, on one CPU thread (about 2 minutes: 102 CPU seconds, measured on the 2-core development machine), "
+        "render the report and that of the shipped router target sweep, and print where the results are.",
         _demo, configs=(DemoConfig,),
     ),
     Command(
