@@ -30,7 +30,7 @@ class DemoConfig:
     Attributes:
         output: run folder.
         limit: samples per task and length.
-        lengths: comma-separated lengths in tokens (1K,2K,4K adds the 4K cells, about 2.5 times the work).
+        lengths: comma-separated lengths in tokens (1K,2K,4K adds the 4K cells, nearly three times the work).
         threads: torch's CPU threads for the run (0: torch's default, one per core). One thread was measured the
             fastest for the testbed's small matrices: at 2K tokens a prompt took 0.68 CPU seconds on one thread and
             3.2 on two, whose threads wait for each other, and far longer under other work on the machine.
