@@ -160,14 +160,15 @@ def test_testbed_report_shows_adaptive_sparsity_and_the_routing_map_and_loads_of
     assert {f"testbed-{t}" for t in ("adaptive-sparsity", "overview", "testbed-score", "testbed-msr", "testbed-esr",
                                      "pairs", "legend")} <= set(tables)
     alts = [i["alt"] for i in state["images"]]
-    assert "Routing map of elastic" in alts and "Routing map of full" not in alts  # full routes no prompt
+    assert "Routing map of elastic (router=testbed/elastic_router)" in alts  # the router the testbed ships
+    assert not any(alt.startswith("Routing map of full") for alt in alts)  # full routes no prompt
     assert "Adaptive sparsity: ΩMSR per task category" in alts
     # the adaptive-sparsity row of elastic: ΩMSR per family, as its cells' metrics.json record them
     md = (tmp_path / "report" / "report.md").read_text()
     section = md[md.index("**Adaptive sparsity"):]
     header = [c.strip() for c in section.splitlines()[2].strip("|").split("|")]
     row = next([c.strip() for c in line.strip("|").split("|")] for line in section.splitlines()
-               if line.startswith("| elastic "))
+               if line.startswith("| elastic (router=testbed/elastic_router) "))
     for task, family in (("testbed_niah_single", "sensitive"), ("testbed_repeat", "robust")):
         metrics = json.loads((runs / "testbed" / "testbed" / "elastic" / task / "1024" / "metrics.json").read_text())
         assert row[header.index(f"ΩMSR · {family}")] == f"{metrics['omega_msr']:.3f}"
@@ -180,8 +181,9 @@ def test_compare_of_two_testbed_runs_and_of_two_tiny_models(runs, tmp_path, brow
     state = _check_page(browser, tmp_path / "testbed" / "report.html")
     assert {"methods-by-runs", "pairs"} <= {t.rpartition("testbed-again-")[2] for t in dict(state["tables"])}
     md = (tmp_path / "testbed" / "report.md").read_text()
-    assert "testbed · elastic − testbed-again · elastic" in md  # the same prompts, the same predictions: Δ 0
-    assert _row(md, "testbed · elastic − testbed-again · elastic")[1:4] == ["+0.00", "+0.00", "+0.00"]
+    pair = "testbed · elastic (router=testbed/elastic_router) − testbed-again · elastic (router=testbed/elastic_router)"
+    assert pair in md  # the same prompts, the same predictions: Δ 0
+    assert _row(md, pair)[1:4] == ["+0.00", "+0.00", "+0.00"]
     assert cli.main(["compare", str(runs / "llama"), str(runs / "qwen3")]) == 0  # default output: beside the runs
     md = (runs / "compare-llama-qwen3" / "report.md").read_text()
     assert "llama · tiny-llama · streaming (local=64)" in md and "qwen3 · tiny-qwen3 · full" in md
