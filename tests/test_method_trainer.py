@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from test_method_elastic import NEEDS_XATTENTION, one_thread  # noqa: F401  (one_thread: autouse fixture)
+from test_method_elastic import NEEDS_XATTENTION
 
 from elastic_bench import apply
 from elastic_bench.method import ModeConfig, synthetic_records
