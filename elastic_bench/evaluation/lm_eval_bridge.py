@@ -84,6 +84,7 @@ from elastic_bench.modeling.loading import (
     resolve_model,
     torchrun_world_size,
 )
+from elastic_bench.modeling.tensor_parallel import tensor_parallel
 from elastic_bench.training.distributed import Ranks
 
 HFLM_ARGS = [name for name in inspect.signature(HFLM.__init__).parameters if name not in ("self", "kwargs")]
@@ -186,8 +187,10 @@ class ElasticLM(HFLM):
         stats.update(sample_means(samples), num_samples=len(samples))
         kept = [log.kv_bytes[row] for row in rows if row in log.kv_bytes]
         if kept:
-            stats.update(kv_bytes=sum(k for k, _ in kept) / len(kept),
-                         kv_bytes_full=sum(f for _, f in kept) / len(kept))
+            totals = (sum(k for k, _ in kept), sum(f for _, f in kept))
+            shard = tensor_parallel(self.model)  # a tensor-parallel rank's rows hold its heads: summed over the ranks
+            held, full = shard.sum(totals) if shard else totals
+            stats.update(kv_bytes=held / len(kept), kv_bytes_full=full / len(kept))
         decisions = self.handle.decisions()[rows]  # [N, L, H]
         stats["fraction_full"] = (decisions == Mode.FULL).float().mean(dim=(0, 2)).tolist() if decisions.numel() else []
         return {key: None if isinstance(value, float) and math.isnan(value) else value for key, value in stats.items()}
