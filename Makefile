@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo screenshot lint clean
+.PHONY: install browser test demo screenshot lint clean
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -15,14 +15,21 @@ $(STAMP): pyproject.toml setup.py
 	# working directory could shadow it; here that folder is the package's own source (the pillars install under its
 	# namespace, never as top-level names), so the note says nothing about this project and is silenced.
 	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q -e ".[test]"
-	# Headless Chromium for the report page's test (skipped without it); never fails the install where apt-get can't.
-	command -v chromium >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1 || \
-		{ apt-get update -qq && apt-get install -y -qq chromium; } >/dev/null 2>&1 || true
 	touch $(STAMP)
 
 install: $(STAMP)
 
-test: $(STAMP)
+# Headless Chromium for the report page's browser tests, a system package: only `make test` asks for it, saying so;
+# where apt-get cannot install it, those tests are skipped (pytest names them and why).
+browser:
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+		echo "installing Chromium for the report page's browser tests (apt-get install chromium)"; \
+		{ apt-get update -qq && apt-get install -y -qq chromium; } >/dev/null 2>&1 || \
+			echo "apt-get could not install Chromium: the browser tests will be skipped"; \
+	else echo "no Chromium and no apt-get to install it: the browser tests will be skipped"; fi
+
+test: $(STAMP) browser
 	$(PY) -m ruff check .
 	$(PY) -m elastic_bench.devtools.imports
 	$(PY) -m pytest -q

@@ -11,6 +11,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import difflib
 import random
 from collections.abc import Iterable
 from pathlib import Path
@@ -35,8 +36,9 @@ from elastic_bench.training.records import (
     to_example,
 )
 
-__all__ = ["CODE_PREFIX", "DEFAULT_TARGETS", "SUMMARY_PREFIX", "Example", "check_categories", "data_provenance_of",
-           "load_examples", "locate", "read_data", "read_records", "record_task", "synthetic_records", "to_example"]
+__all__ = ["CODE_PREFIX", "DEFAULT_TARGETS", "SUMMARY_PREFIX", "Example", "check_categories", "check_targets",
+           "data_provenance_of", "load_examples", "locate", "read_data", "read_records", "record_task",
+           "synthetic_records", "to_example"]
 
 CATEGORY_TARGETS = {"sensitive": 0.7, "robust": 1.0}  # paper §4.1: t_sen = 0.7, t_rob = 1.0
 DEFAULT_TARGETS: dict[str, float] = {
@@ -100,16 +102,30 @@ def load_examples(path: str | Path, targets: dict[str, float]) -> list[Example]:
 
 
 def check_categories(examples: Iterable[Example], targets: dict[str, float]) -> list[str]:
-    """The categories present (in ``targets`` order); raises for a category without a target."""
+    """The categories present (in ``targets`` order); raises for a category without a target (`check_targets`)."""
     present = {e.category for e in examples}
-    unknown = sorted(present - set(targets))
-    if unknown:
-        raise ValueError(
-            f"categories {unknown} have no target ΩMSR; known: {sorted(targets)} (add --target NAME=VALUE)"
-        )
+    check_targets(present, targets)
+    return [c for c in targets if c in present]
+
+
+def check_targets(present: set[str], targets: dict[str, float]) -> None:
+    """Refuse training data of the categories ``present`` when one has no target ΩMSR in ``targets``, naming the
+    target that looks like a misspelling of it (``--target sensitiv=0.9`` for ``sensitive``).
+
+    Raises:
+        ValueError: no category, or one without a target (one line).
+    """
     if not present:
         raise ValueError("no training examples")
-    return [c for c in targets if c in present]
+    unknown = sorted(present - set(targets))
+    if not unknown:
+        return
+    spare = [t for t in targets if t not in present]  # targets of no category of the data
+    close = {c: difflib.get_close_matches(c, spare, n=1, cutoff=0.6) for c in unknown}
+    hints = [f"--target {match[0]}={targets[match[0]]:g} names no category of the data: did you mean "
+             f"--target {c}={targets[match[0]]:g}?" for c, match in close.items() if match]
+    raise ValueError(f"categories {unknown} have no target ΩMSR; known: {sorted(targets)} (add --target NAME=VALUE)"
+                     + "".join(f"; {hint}" for hint in hints))
 
 
 # ---- synthetic generator -------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -62,11 +63,13 @@ from elastic_bench.training.engine import (
 from elastic_bench.training.engine import all_reduce_sum as _all_reduce_sum
 from elastic_bench.training.engine import tokenize as tokenize_examples
 from elastic_bench.training.provenance import epoch_tokens, learned_provenance
+from elastic_bench.training.records import OFFICIAL_MIXTURES, PAPER_LABELS, read_examples
 
 from .checkpoint import RouterBank, RouterConfig, save_routers
 from .data import (
     DEFAULT_TARGETS,
     check_categories,
+    check_targets,
     data_provenance_of,
     locate,
     read_data,
@@ -244,9 +247,25 @@ def train(
 
     The output folder is locked for the run (`elastic_bench.foundation.files.exclusive`).
     """
+    check_targets(data_categories(config), config.targets)  # a misspelt --target, before the model loads
     ranks = Ranks.from_env(config.device)
     with exclusive(options.output, "elastic-bench train-router", enabled=ranks.is_main):
         return _train(config, options, loaded, ranks)
+
+
+def data_categories(config: RouterTrainConfig) -> set[str]:
+    """The categories of the training data ``config.data``, known without a model: those of the records a model's
+    own data holds (``records``), of the synthetic set, the official mixture's five task labels (`PAPER_LABELS`), or
+    the categories of the records file's records."""
+    from elastic_bench.training.make_records import CATEGORIES
+
+    if config.data == "records":
+        return set(CATEGORIES)
+    if config.data == "synthetic":
+        return {r["category"] for r in synthetic_records(2, 1, config.seed)}
+    if config.data in OFFICIAL_MIXTURES:
+        return set(PAPER_LABELS)
+    return {e.category for e in read_examples(locate(config.data, config.data_dir)[1])}
 
 
 def _train(config: RouterTrainConfig, options: RunOptions, loaded: tuple[nn.Module, Any] | None,
@@ -283,7 +302,7 @@ def _train(config: RouterTrainConfig, options: RunOptions, loaded: tuple[nn.Modu
     for router in bank.layers:
         router.reset_parameters(gen)
     if config.center_features:  # a resumed run overwrites it with the saved one
-        feature_means(model, bank, eval_rows, len(categories), device)
+        feature_means(model, bank, eval_rows, len(categories), device, options.progress and ranks.is_main)
     lambdas = LagrangeMultipliers(len(categories), gen)
     bank.to(device)
     lambdas.to(device)
@@ -307,7 +326,8 @@ def _train(config: RouterTrainConfig, options: RunOptions, loaded: tuple[nn.Modu
         # Evaluation needs no gradient: the fastest inference backend (a compiled one would recompile per prompt
         # length).
         with apply(method, model, backend="auto") as handle:
-            final = evaluate_routing(handle, loss_model, eval_rows, categories, device)
+            final = evaluate_routing(handle, loss_model, eval_rows, categories, device,
+                                     options.progress and ranks.is_main)
         if ranks.is_main:
             objective.export(config.steps, final, replica_diff if ranks.world_size > 1 else None)
     table = lambdas.table(categories)
@@ -461,9 +481,12 @@ class RowBatches(torch.utils.data.Dataset):
         return out
 
 
-def feature_means(model: nn.Module, bank, rows: list[PackedRow], num_categories: int, device) -> None:
+def feature_means(model: nn.Module, bank, rows: list[PackedRow], num_categories: int, device,
+                  progress: bool = False) -> None:
     """Set each router's ``feature_mean [H, D]``: the mean over categories of the per-category mean pooled pre-RoPE key
-    of the prompts of ``rows``, with full attention on every head."""
+    of the prompts of ``rows``, with full attention on every head (``progress``: a bar over the rows)."""
+    from tqdm.auto import tqdm
+
     from elastic_bench.modeling.attention import apply
     from elastic_bench.modeling.interface import Method
 
@@ -483,7 +506,7 @@ def feature_means(model: nn.Module, bank, rows: list[PackedRow], num_categories:
 
     loss_model = LossModel(model)
     with torch.no_grad(), autocast(device), apply(_Pool(), model, backend="auto"):
-        for row in rows:
+        for row in tqdm(rows, desc="feature means", unit="row", disable=not progress, file=sys.stderr):
             current["cat"] = row.categories.tolist()
             loss_model(*row_inputs(row, device)[:4], None)
             counts.index_add_(0, row.categories, torch.ones(row.num_samples, dtype=torch.float64))
@@ -502,12 +525,15 @@ def lr_factor(step: int, config: RouterTrainConfig) -> float:
     return config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def evaluate_routing(handle, loss_model: LossModel, rows: list[PackedRow], categories: list[str], device):
+def evaluate_routing(handle, loss_model: LossModel, rows: list[PackedRow], categories: list[str], device,
+                     progress: bool = False):
     """Mean hard ΩMSR per category with the deterministic (argmax) routers of ``handle``'s method on prompt-only
-    rows."""
+    rows (``progress``: a bar over the rows)."""
+    from tqdm.auto import tqdm
+
     sums, counts = [0.0] * len(categories), [0] * len(categories)
     with torch.no_grad(), autocast(device):
-        for row in rows:
+        for row in tqdm(rows, desc="final evaluation", unit="row", disable=not progress, file=sys.stderr):
             handle.reset()
             loss_model(*row_inputs(row, device)[:4], None)
             for sample, cat in zip(handle.stats()["per_sample"], row.categories.tolist()):

@@ -63,11 +63,13 @@ class CellResult:
     ``samples_per_second`` the generation throughput of the prompts run batched, at ``batch_size`` (NaN for a cell
     run at batch 1): a throughput, never a prefill time; ``device`` and ``backend`` say where and on which attention
     kernel the prefills ran; ``artifacts`` the learned files the method loaded, by option name, as SHA-256 digests
-    (``{"router": "818e…"}``) and ``artifact_provenance`` what they were trained on, by option name (None: unknown);
-    ``in_distribution`` the learned files trained on the task's generator or dataset (``{"artifact": "router",
-    "shared": ["generator:ruler.niah"]}``; empty when the cell is held out) and ``allow_in_distribution`` whether the
-    run was told to score it anyway; ``versions``, ``git_hash``, ``source_digest`` and ``date`` where and from which
-    code the cell was computed. ``error`` is set for failed cells, whose numbers are NaN. ``run`` names the run folder
+    (``{"router": "818e…"}``) and ``artifact_provenance`` what they were trained on, by option name (None: unknown),
+    and ``learned_files`` their names (``{"router": "testbed/elastic_router"}``: a file the model ships under the
+    model's name, any other by its last path component; {} for a cell that records none); ``in_distribution`` the
+    learned files trained on the task's generator or dataset (``{"artifact": "router", "shared":
+    ["generator:ruler.niah"]}``; empty when the cell is held out) and ``allow_in_distribution`` whether the run was
+    told to score it anyway; ``versions``, ``git_hash``, ``source_digest`` and ``date`` where and from which code the
+    cell was computed. ``error`` is set for failed cells, whose numbers are NaN. ``run`` names the run folder
     among several (`elastic-bench compare`), ``cell`` is the cell in the results store.
     """
 
@@ -90,6 +92,7 @@ class CellResult:
     options: dict[str, Any] = field(default_factory=dict, compare=False)
     preset: str | None = None
     artifacts: dict[str, str] = field(default_factory=dict, compare=False)
+    learned_files: dict[str, str] = field(default_factory=dict, compare=False)
     breakdown: dict[str, float] = field(default_factory=dict, compare=False)
     artifact_provenance: dict[str, dict[str, Any] | None] = field(default_factory=dict, compare=False)
     in_distribution: tuple[dict[str, Any], ...] = ()
@@ -164,6 +167,7 @@ def _result(cell: Cell, run: str, scorings: Scorings | None) -> CellResult:
         options=dict(metrics.get("method_options") or {}),
         preset=str(metrics["preset"]) if metrics.get("preset") else None,
         artifacts={str(k): str(v) for k, v in (fingerprint.get("artifacts") or {}).items()},
+        learned_files={str(k): str(v) for k, v in (metrics.get("learned_files") or {}).items()},
         breakdown={k.removeprefix("score_"): _number(metrics, k) for k in metrics if k.startswith("score_")},
         artifact_provenance={str(k): v if isinstance(v, dict) else None
                              for k, v in (metrics.get("artifact_provenance") or {}).items()},

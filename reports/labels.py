@@ -1,12 +1,15 @@
 """Readable names of method configurations: ``duo_attention (pattern=Meta-Llama-3.1-8B-Instruct, s=0.7)`` for the
 result folder ``duo_attention-pattern=%2F…%2FMeta-Llama-3.1-8B-Instruct-sparsity=0.7``, ``elastic
-(router=sensitive_0.6)`` for ``elastic-router=sensitive_0.6``.
+(router=sensitive_0.6)`` for ``elastic-router=sensitive_0.6``, ``elastic (router=testbed/elastic_router)`` for the
+folder ``elastic`` of a run whose router was the model's own.
 
 Design decisions:
 - A label is the method's name plus the options its folder name records (those that differ from their defaults, the
   runner's `Method.label`), in the folder's order, with their values from the cell's options where it records them
   and from the folder's name otherwise (a learned file, known to the cell by its digest, keeps the name it was given);
-  a file path shows its last component only, never an absolute path.
+  a file path shows its last component only, never an absolute path. A learned file the folder's name does not record
+  (the method found it, ``auto``) is shown by the name its cells record (``learned_files``): which file a row used is
+  always in its label.
 - A few long option names have a short form (`SHORT`); the legend table of a report keeps every option in full.
 - Two configurations that would share a label get their folder names instead (still without absolute paths).
 - The options a configuration left unset (None: a learned file's own, e.g. elastic's streaming geometry) are shown
@@ -59,15 +62,17 @@ def changed_options(folder: str, method_name: str, options: dict[str, Any]) -> d
     return {key: options.get(key, value) for key, value in folder_options(folder, method_name).items()}
 
 
-def short_label(folder: str, method_name: str, options: dict[str, Any]) -> str:
+def short_label(folder: str, method_name: str, options: dict[str, Any], learned: dict[str, str] | None = None) -> str:
     """``name (k=v, ...)`` of one configuration, e.g. ``streaming (sink=16, local=256)``; the folder's name, paths
-    shortened, when it is not named after the method."""
-    if folder == method_name:
-        return method_name
-    changed = changed_options(folder, method_name, options)
-    if not changed:
+    shortened, when it is not named after the method. The learned files the folder's name does not record (a method
+    left at ``auto``) follow by the name the cells record (``learned``, `CellResult.learned_files`), e.g.
+    ``duo_attention (pattern=testbed/duo_gates)``."""
+    named = folder_options(folder, method_name)
+    if folder != method_name and not named:
         return folder_label(folder)
-    return f"{method_name} (" + ", ".join(f"{SHORT.get(k, k)}={show_value(v)}" for k, v in changed.items()) + ")"
+    parts = [f"{SHORT.get(k, k)}={show_value(v)}" for k, v in changed_options(folder, method_name, options).items()]
+    parts += [f"{k}={v}" for k, v in (learned or {}).items() if k not in named]
+    return f"{method_name} (" + ", ".join(parts) + ")" if parts else method_name
 
 
 def resolved_options(cells: Iterable[CellResult]) -> dict[str, Any]:

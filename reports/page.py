@@ -1,11 +1,19 @@
 """The HTML page of a report: one jinja2 template, self-contained (inline style and script, plots as ``data:`` URIs).
 
+Figures: each is drawn at its own pixel size up to the page's width (never enlarged, never squeezed into a column it
+does not fit): a figure wider than `WIDE_PIXELS` spans the page, narrower ones share a row; every figure links to its
+PNG file written beside the page (``<plot id>.png``), to be opened at full size.
+
 Tables come from `render` as a header of (name, is text) cells and rows of (value, is text, is red) cells: text aligns
 left, numbers right; a red cell is a value of a cell scored under ``--allow-in-distribution``. The
 Content-Security-Policy forbids the page any request (``default-src 'none'``): only inline style, inline script
 and ``data:`` images load. The script sorts a table by the column whose header is clicked (numbers as numbers, ``–``
 last).
 """
+
+WIDE_PIXELS = 800
+"""A figure wider than this (in PNG pixels) takes a row of its own: two of them side by side would be drawn at less than
+two thirds of their size in the page's 1200 pixels."""
 
 TEMPLATE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
@@ -25,7 +33,8 @@ th.asc::after{content:" ▲"}th.desc::after{content:" ▼"}
 .protocol{color:#555;font-weight:normal;font-size:.85em}
 .scroll{overflow-x:auto}.note{color:#555;font-size:.88em;max-width:70em}
 .plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(540px,1fr));gap:1em}figure{margin:0}
-figure img{max-width:100%;height:auto;border:1px solid #eee}figcaption{color:#555;font-size:.88em}
+figure.wide{grid-column:1/-1}figure img{max-width:100%;height:auto;border:1px solid #eee}
+figcaption{color:#555;font-size:.88em}
 nav ul{font-size:.92em;margin:.2em 0}code{background:#f4f4f4;padding:0 3px}
 details{margin:.3em 0}summary{cursor:pointer}
 </style></head><body>
@@ -55,9 +64,11 @@ details{margin:.3em 0}summary{cursor:pointer}
 {% for t in g.tables %}<h4 id="{{ s.id }}-{{ t.id }}">{{ t.title }}{% if t.protocol %}
 <span class="protocol">· protocol: {{ t.protocol }}</span>{% endif %}</h4><div class="scroll">{{ table(t) }}</div>
 {% if t.note %}<p class="note">{{ t.note }}</p>{% endif %}{% endfor %}
-{% if g.plots %}<div class="plots">{% for p in g.plots %}<figure id="{{ p.id }}">
-<img src="data:image/png;base64,{{ p.data }}" alt="{{ p.title }}">
-<figcaption>{{ p.caption }}</figcaption></figure>{% endfor %}</div>{% endif %}
+{% if g.plots %}<div class="plots">{% for p in g.plots %}<figure id="{{ p.id }}"{% if p.wide %} class="wide"{% endif %}>
+<a href="{{ p.id }}.png" title="the PNG at full size"><img src="data:image/png;base64,{{ p.data }}" alt="{{ p.title }}"
+ width="{{ p.width }}" height="{{ p.height }}"></a>
+<figcaption>{{ p.caption }} <a href="{{ p.id }}.png">Full-size PNG</a> ({{ p.width }} × {{ p.height }}).
+</figcaption></figure>{% endfor %}</div>{% endif %}
 {% for n in g.notes %}<p class="note">{{ n }}</p>{% endfor %}
 {% endfor %}
 {% if s.cells %}<h3 id="{{ s.id }}-cells">Excluded and failed cells</h3>

@@ -59,6 +59,11 @@ class Plot:
     caption: str
     png: bytes
 
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height) in pixels, read from the PNG's header chunk."""
+        return int.from_bytes(self.png[16:20], "big"), int.from_bytes(self.png[20:24], "big")
+
 
 def styles(comparison: Comparison) -> dict[str, tuple[tuple, str]]:
     """(colour, marker) of each configuration label: a hue per method (`HUES`, cycled beyond nine methods), shades of
@@ -171,11 +176,13 @@ def _interval(c: Config) -> tuple[float, float]:
 
 def _zooms(bars: list[tuple[float, float]], band: list[tuple[float, float]]) -> bool:
     """Whether a panel of the ``band`` of bars (``(low, high)`` of the scores near the best) shows them larger than a
-    panel of all ``bars``: when the scores spread over more than `WIDE` points and the band's axis would span at most
-    half of the whole axis."""
+    panel of all ``bars``: when the scores spread over more than `WIDE` points, the band's axis would span at most
+    half of the whole axis, and the band holds something to tell apart (not every bar one and the same score, e.g.
+    all at 100, which a zoom would draw alone on an axis of 99.85-100.15)."""
     whole, near = _score_limits(*zip(*bars)), _score_limits(*zip(*band))
     spread = max(high for _, high in bars) - min(low for low, _ in bars)
-    return spread > WIDE and near[1] - near[0] <= (whole[1] - whole[0]) / 2
+    flat = max(high for _, high in band) == min(low for low, _ in band)
+    return spread > WIDE and not flat and near[1] - near[0] <= (whole[1] - whole[0]) / 2
 
 
 def _score_panel(ax, configs: list[Config], axis: str, look: dict, front: list[Config]) -> list[tuple]:

@@ -34,7 +34,7 @@ from . import budgets, plots, tables
 from .collect import CellResult
 from .free_sparsity import DELTA, free_sparsity
 from .labels import folder_label, ran_with
-from .page import TEMPLATE
+from .page import TEMPLATE, WIDE_PIXELS
 from .published import load_published, matches
 from .summary import ALLOWED, Comparison
 from .tables import Table, escape, slug
@@ -157,10 +157,12 @@ def cell_folds(comparison: Comparison) -> list[tuple[str, list[tuple[str, list[s
 
 
 def comparable(comparison: Comparison) -> str:
-    """One sentence: the cells every configuration completed."""
+    """One sentence: the cells every configuration completed, and the samples behind each of their scores."""
     tasks, lengths = comparison.tasks, comparison.lengths
+    each = tables.per_cell([cell.num_samples for c in comparison.configs for cell in c.cells.values()])
     return (f"Comparable cells (completed by every configuration): {len(tasks)} task(s) × {len(lengths)} length(s): "
-            f"{', '.join(tasks) or '–'} at {', '.join(map(str, lengths)) or '–'} tokens.")
+            f"{', '.join(tasks) or '–'} at {', '.join(map(str, lengths)) or '–'} tokens; every score below is a mean "
+            f"over {each} samples per cell.")
 
 
 def short_hash(git_hash: str) -> str:
@@ -240,7 +242,8 @@ def render_html(built: Built, source: str, stamp: str) -> str:
                         "tables": [{"id": t.id, "title": t.title, "protocol": t.protocol, "note": t.note,
                                     **_html_table(t)}
                                    for t in g.tables],
-                        "plots": [{"id": p.id, "title": p.title, "caption": p.caption,
+                        "plots": [{"id": p.id, "title": p.title, "caption": p.caption, "width": p.size[0],
+                                   "height": p.size[1], "wide": p.size[0] > WIDE_PIXELS,
                                    "data": base64.b64encode(p.png).decode("ascii")} for p in g.plots]}
                        for g in found],
             "cells": cell_folds(comparison),

@@ -350,7 +350,8 @@ def _labels(cells: list[CellResult], prefix) -> dict[tuple[str, str, str], str]:
     """(run, model, method) → a unique readable label: ``prefix(cell)`` + the method's short label."""
     keys = sorted({(c.run, c.model, c.method) for c in cells if c.complete})
     first = {(c.run, c.model, c.method): c for c in reversed(cells) if c.complete}
-    short = [prefix(first[k]) + short_label(k[2], first[k].method_name, first[k].options) for k in keys]
+    short = [prefix(first[k]) + short_label(k[2], first[k].method_name, first[k].options, first[k].learned_files)
+             for k in keys]
     fallback = [prefix(first[k]) + folder_label(k[2]) for k in keys]
     return dict(zip(keys, unique_labels(short, fallback)))
 

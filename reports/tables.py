@@ -183,10 +183,11 @@ def overview(comparison: Comparison) -> Table:
     batched = any(math.isfinite(c.samples_per_second) for c in comparison.configs)
     rows = {}
     for c in comparison.configs:
-        row = {"mean score": c.score, "ΩMSR": c.omega_msr, "ΩESR": c.omega_esr, "prefill s (median)": c.prefill_seconds}
+        row = {"mean score": c.score, "samples": samples(c.cells.values()), "ΩMSR": c.omega_msr, "ΩESR": c.omega_esr,
+               "prefill s (median)": c.prefill_seconds}
         if speedups:
-            row[f"× {BASELINE}"] = "–" if c.speedup is None else FORMATS["speedup"].format(c.speedup) + (
-                " *" if comparison.speedup_note else "")
+            row[f"× {BASELINE}"] = "–" if c.speedup is None else (
+                not_a_speedup(c.devices) if comparison.speedup_note else FORMATS["speedup"].format(c.speedup))
         if batched:
             row |= {"samples/s (batched)": c.samples_per_second,
                     "batch": ", ".join(map(str, c.batch_sizes)) or "–"}
@@ -198,12 +199,32 @@ def overview(comparison: Comparison) -> Table:
     marks = _row_marks(frame, comparison, ["mean score", "ΩMSR", "ΩESR"])
     return Table("overview", "Scores (mean over the comparable cells) and sparsity", frame,
                  protocol=comparison.protocol.name, marks=marks,
-                 kinds={"ΩMSR": "sparsity", "ΩESR": "sparsity", "prefill s (median)": "seconds",
+                 kinds={"samples": "text", "ΩMSR": "sparsity", "ΩESR": "sparsity", "prefill s (median)": "seconds",
                         f"× {BASELINE}": "text", "samples/s (batched)": "throughput", "batch": "text",
                         "backend": "text", "device": "text", "on frontier": "text"},
                  note=" ".join(note for note in (
-                     f"* {comparison.speedup_note}" if speedups and comparison.speedup_note else "",
+                     f"× {BASELINE}: {comparison.speedup_note}" if speedups and comparison.speedup_note else "",
                      BATCHED_NOTE if batched else "", MARK_NOTE if marks is not None else "") if note))
+
+
+def samples(cells) -> str:
+    """The samples behind a mean score of ``cells`` (`CellResult`s), ``36 (3 per cell)``: how far the score can be
+    read."""
+    counts = [c.num_samples for c in cells]
+    return f"{sum(counts)} ({per_cell(counts)} per cell)" if counts else "–"
+
+
+def per_cell(counts: list[int]) -> str:
+    """Samples per cell: ``3``, or the range ``2–4`` where cells differ (``–`` for none)."""
+    if not counts:
+        return "–"
+    return str(min(counts)) if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
+
+
+def not_a_speedup(devices: list[str]) -> str:
+    """What the speedup column holds where the prefill times do not measure attention (`Comparison.speedup_note`):
+    the reason in short, in place of a ratio that would read as a speedup."""
+    return "none: CPU timing" if any(d.startswith("cpu") for d in devices) else "none: see the note"
 
 
 def _by_task(frame: pd.DataFrame, value: str, labels: list[str], bench: BenchmarkProtocol) -> pd.DataFrame:
@@ -373,12 +394,15 @@ def trained_on(config: Config) -> str:
 
 def legend(comparison: Comparison) -> Table:
     """Each configuration's label beside its run, model and result folder, the options it sets, those it leaves
-    unset, and the learned files it loaded (router, gates: the name its folder gives, else the model's own, and the
-    first digits of the SHA-256 the cell recorded), so that every option telling two configurations apart is shown."""
+    unset, and the learned files it loaded (router, gates: the name its folder gives, else the name its cells record,
+    e.g. ``testbed/duo_gates`` for the model's own, and the first digits of the SHA-256 the cell recorded), so that
+    every option telling two configurations apart is shown."""
     rows = {}
     for c in comparison.configs:
         named = folder_options(c.method, c.method_name)
-        names = {key: show_value(named[key]) if key in named else "the model's" for key in c.artifacts}
+        recorded = next((cell.learned_files for cell in c.cells.values()), {})
+        names = {key: show_value(named[key]) if key in named else recorded.get(key, "the model's")
+                 for key in c.artifacts}
         files = [f"{key}={names[key]} · {sha[:DIGEST_CHARS]}" for key, sha in c.artifacts.items()]
         rows[c.label] = {
             "run": c.run or "–", "model": c.model, "result folder": folder_label(c.method),

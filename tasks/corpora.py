@@ -66,11 +66,12 @@ class Source:
         return f"{self.when}: {text}" if self.when else text
 
 
-def hub_download(repo_id: str, filename: str) -> Path:
-    """Download (or reuse from the local cache) one file of a hub dataset repository."""
+def hub_download(repo_id: str, filename: str, local_only: bool = False) -> Path:
+    """Download (or reuse from the local cache) one file of a hub dataset repository; ``local_only``: from the local
+    cache alone (the hub cannot be used)."""
     from huggingface_hub import hf_hub_download
 
-    return Path(hf_hub_download(repo_id, filename, repo_type="dataset"))
+    return Path(hf_hub_download(repo_id, filename, repo_type="dataset", local_files_only=local_only))
 
 
 def hub_rows(repo_id: str, config: str | None, split: str) -> list[dict]:
@@ -90,10 +91,15 @@ def fetch(source: Source, data_dir: str | Path | None) -> Path:
                 return root / relative
     hub_note = ""
     if source.hub is not None:
+        from elastic_bench.results.digests import hub_unavailable
+
+        why = hub_unavailable()  # then the local cache alone: no minute of retries before the message
         try:
-            return hub_download(*source.hub)
+            return hub_download(*source.hub, local_only=why is not None)
         except Exception as err:  # noqa: BLE001  (offline, not installed, gated: all mean "provide it locally")
-            hub_note = f" (the hub copy {source.hub[0]}/{source.hub[1]} could not be fetched: {type(err).__name__})"
+            copy = f"{source.hub[0]}/{source.hub[1]}"
+            hub_note = (f" (the hub copy {copy} could not be fetched: {type(err).__name__})" if why is None else
+                        f" (the hub cannot be used, {why}, and its copy {copy} is not in the local cache)")
     where = " or ".join(str(root / p) if root else f"<data dir>/{p}" for p in source.paths)
     unset = "" if root else f"; no data directory is set: pass --data-dir or set {ENV_VAR}"
     raise FileNotFoundError(f"{source.description} not found{hub_note}: provide {where}{unset}. {source.how}")
@@ -105,15 +111,14 @@ def identity(source: Source, data_dir: str | Path | None) -> str | None:
     ``<repo>@<commit>`` (`elastic_bench.results.digests.hub_revision`); None when it cannot be found (the cell then
     fails, naming the file to provide)."""
     from elastic_bench.foundation.files import digest
-    from elastic_bench.results.digests import cached_digest, hub_revision
+    from elastic_bench.results.digests import cached_digest, hub_revision, hub_unavailable
 
     try:
         path = fetch(source, data_dir)
     except FileNotFoundError:
         if source.hub_rows is None:
             return None
-        online = os.environ.get("HF_HUB_OFFLINE", "").upper() not in ("1", "ON", "YES", "TRUE")
-        commit = hub_revision(source.hub_rows[0], "dataset", online)
+        commit = hub_revision(source.hub_rows[0], "dataset", hub_unavailable() is None)
         return f"{source.hub_rows[0]}@{commit}" if commit else None
     return digest(path) if path.is_dir() else cached_digest(path)
 

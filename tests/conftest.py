@@ -5,6 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+# One torch thread per test process (the subprocesses that tests start set OMP_NUM_THREADS=1 alike): the tests' models
+# are tiny, and on the 2-core machine a second thread cost four times the CPU time for the same work (three tests of
+# test_runner.py: 61 s of user time against 14 s), its threads waiting for each other.
+torch.set_num_threads(1)
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():

@@ -59,7 +59,8 @@ def test_layout_mismatch_and_missing_pattern_are_clear(tiny_models, tmp_path):
     with pytest.raises(FileNotFoundError, match="no head gates shipped .*DuoAttention patterns: Meta-Llama"):
         with apply(get_method("duo_attention"), model):
             pass
-    with pytest.raises(FileNotFoundError, match=r"\(no head_gates.tsv in its directory\); pass pattern"):
+    with pytest.raises(FileNotFoundError, match=r"\(no prulong_gates/full_attention_heads.tsv in its directory\); pass "
+                                                r"pattern"):
         with apply(get_method("prulong"), model):
             pass
     assert model.config._attn_implementation == "sdpa"
@@ -67,14 +68,18 @@ def test_layout_mismatch_and_missing_pattern_are_clear(tiny_models, tmp_path):
 
 
 def test_gates_shipped_in_the_model_directory_are_found(tmp_path):
-    """`pattern="auto"` takes ``<model dir>/head_gates.tsv`` (how the testbed ships its retrieval heads)."""
+    """`pattern="auto"` takes the method's gate folder in the model directory (how the testbed ships the gates
+    `train-duo` and `train-prulong` made for it), and holds its gate file alone."""
     from elastic_bench.modeling.loading import TESTBED_DIR
 
     model, tokenizer = load_model("testbed", device="cpu")
     ids = tokenizer("the", return_tensors="pt").input_ids.repeat(1, 300)
-    expected = binarize(load_gates(TESTBED_DIR / "head_gates.tsv"), 0.5)
-    for name in ("duo_attention", "prulong"):
-        method = get_method(name, sparsity=0.5)
+    for name, folder in (("duo_attention", "duo_gates"), ("prulong", "prulong_gates")):
+        method = get_method(name)
+        assert method.artifacts(str(TESTBED_DIR)) == {"pattern": TESTBED_DIR / folder}
+        assert method.hold("pattern", TESTBED_DIR / folder, tmp_path / name).read_bytes() == (
+            TESTBED_DIR / folder / "full_attention_heads.tsv").read_bytes()
+        expected = binarize(load_gates(TESTBED_DIR / folder), method.sparsity)
         with torch.no_grad(), apply(method, model) as handle:
             model(ids)
         assert (handle.decisions()[0].numpy() == Mode.FULL).tolist() == expected.tolist()

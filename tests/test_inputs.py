@@ -242,6 +242,33 @@ def test_a_missing_cuda_device_is_refused_before_a_model_loads(tmp_path, capsys,
     assert code == 2 and "device must be cpu, cuda or cuda:N" in one_line(err)
 
 
+def test_device_map_auto_without_a_gpu_is_refused_in_one_line(tmp_path, capsys, monkeypatch, no_model):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, err = main(["run", "--device-map", "auto", "--output", tmp_path / "out"], capsys)
+    assert code == 2 and one_line(err) == ("elastic-bench: error: --device-map auto spreads a model over this host's "
+                                           "GPUs, and it has none (torch.cuda.is_available() is False): leave it out "
+                                           "to run on the CPU")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--methods", "full,dense"], "methods: 'full' and 'dense' name the same method, with the same options (result "
+                                  "folder full); give it once"),
+    (["--methods", "streaming,streaming"], "methods: 'streaming' given twice"),
+    (["--lengths", "1K,1024"], "lengths gives 1024 tokens more than once"),
+])
+def test_a_cell_given_twice_is_refused_before_any_work(tmp_path, capsys, no_model, argv, message):
+    code, err = main(["run", "--output", tmp_path / "out", *argv], capsys)
+    assert code == 2 and message in one_line(err)
+    assert not any(tmp_path.iterdir())
+
+
+def test_two_options_of_one_method_under_its_two_names_are_two_configurations():
+    from elastic_bench.evaluation.runner import RunConfig
+
+    config = RunConfig(methods=["duo_attention", "duo"], method_options={"duo": {"sparsity": 0.7}})
+    assert [config.label(m) for m in config.build_methods()] == ["duo_attention", "duo_attention-sparsity=0.7"]
+
+
 def test_load_model_checks_the_device():
     from elastic_bench.modeling.loading import check_device, load_model
 

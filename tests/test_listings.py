@@ -62,7 +62,7 @@ def test_what_tasks_says_is_true_offline_tasks_run_and_the_others_name_their_fir
     first file it is listed with."""
     from elastic_bench.modeling.loading import byte_tokenizer
 
-    def offline(*args):
+    def offline(*args, **kwargs):
         raise ConnectionError("no hub in tests")
 
     monkeypatch.setattr(corpora, "hub_download", offline)
@@ -138,7 +138,8 @@ def test_run_argument_errors_come_before_torch_is_imported(tmp_path):
     afile.write_text("")
     cases = {
         "--lengths abc": "argument --lengths: --lengths takes an integer; got 'abc'",
-        "--lengths 0": "lengths must be positive token counts, got [0]",
+        "--lengths 0": "lengths must be positive token counts, got 0",
+        "--lengths 1K,1024": "lengths gives 1024 tokens more than once (1K = 1024 tokens, 1M = 1024K)",
         "--limit 0": "limit must be at least 1, got 0",
         "--seed -1": "seed must be >= 0, got -1",
         "--tasks nope": "unknown task 'nope'",

@@ -74,7 +74,9 @@ def requests() -> dict[str, list[Instance]]:
     return {
         "loglikelihood": make("loglikelihood", [(d["prompt"], c) for d in DOCS for c in d["choices"][:2]]),
         "loglikelihood_rolling": make("loglikelihood_rolling", [(d["text"],) for d in DOCS]),
-        "generate_until": make("generate_until", [(d["prompt"], {"until": ["\n"], "max_gen_toks": 2}) for d in DOCS]),
+        # 7 prompts: batches of 4 and 3 at batch size 4, so the last batch is not one prompt as at batch size 1
+        "generate_until": make("generate_until", [(p, {"until": ["\n"], "max_gen_toks": 2}) for p in
+                                                  [*(d["prompt"] for d in DOCS), *(d["text"] for d in DOCS[:2])]]),
     }
 
 
@@ -97,6 +99,10 @@ def test_batch_size_changes_no_loglikelihood_generation_or_sparsity(name, gates)
     for key, stats in sparsity_one.items():  # each row's ΩMSR/ΩESR is its own, whatever its neighbours
         for stat in ("omega_msr", "omega_esr", "num_samples"):
             assert sparsity_four[key][stat] == pytest.approx(stats[stat], abs=1e-9), (key, stat)
+    generated = "toy_generate_until/generate_until"  # the mean per generated row of what its cache kept
+    for stat in ("kv_bytes", "kv_bytes_full"):
+        assert sparsity_four[generated][stat] == sparsity_one[generated][stat] > 0, stat
+    assert "kv_bytes" not in sparsity_one["toy_loglikelihood/loglikelihood"]  # no row generated
     if name != "full":
         assert sparsity_one["toy_loglikelihood/loglikelihood"]["omega_msr"] > 0
         assert sparsity_one["toy_loglikelihood_rolling/loglikelihood_rolling"]["omega_esr"] > 0
@@ -119,6 +125,21 @@ def test_batch_size_detection_is_not_counted_in_the_sparsity(gates):
     for stat in ("omega_msr", "omega_esr", "num_samples"):
         assert auto[key][stat] == pytest.approx(fixed[key][stat], abs=1e-9), stat
     assert len(auto[key]["fraction_full"]) == len(fixed[key]["fraction_full"])
+
+
+def test_loglikelihoods_on_the_testbed_warn_that_it_cannot_model_real_text(caplog):
+    lm = ElasticLM(pretrained="testbed", device="cpu", method="full")
+    try:
+        batches = requests()
+        bridge = "elastic_bench.evaluation.lm_eval_bridge"
+        with caplog.at_level("WARNING", logger=bridge):
+            lm.generate_until(batches["generate_until"][:1], disable_tqdm=True)
+            assert not [r for r in caplog.records if r.name == bridge]  # generation is what the testbed does
+            lm.loglikelihood(batches["loglikelihood"][:2], disable_tqdm=True)
+        (warning,) = [r.getMessage() for r in caplog.records if r.name == bridge]
+        assert warning.startswith("the testbed model cannot model real text") and "task toy_loglikelihood" in warning
+    finally:
+        lm.close()
 
 
 def test_greedy_generation_runs_the_shared_loop_and_gives_transformers_text(monkeypatch):
@@ -306,7 +327,8 @@ def test_sparsity_file_matches_the_handle_per_task(tmp_path, monkeypatch, gates)
 
 
 @pytest.mark.parametrize("args, message", [
-    ("methd=streaming", "unknown model argument of `elastic` (method 'full') 'methd'; did you mean method"),
+    ("methd=streaming", "--model_args of `elastic` (method 'full'): unknown model argument 'methd'; did you mean "
+                        "method, max_length? (valid: pretrained, backend,"),
     ("method=streaming,method_local=many", "method_local must be"),
 ])
 def test_bad_model_arguments_end_in_one_line_and_exit_status_2(args, message, capsys):
@@ -316,6 +338,14 @@ def test_bad_model_arguments_end_in_one_line_and_exit_status_2(args, message, ca
     err = captured.err.strip().splitlines()
     assert status == 2 and not captured.out and len(err) == 1
     assert message in err[0] and err[0].startswith("elastic-bench: error:")
+
+
+def test_an_unknown_lm_eval_flag_is_one_line_naming_the_closest_and_listing_every_flag(capsys):
+    status = main(["lm-eval", "run", "--model", "elastic", "--tasks", "toy_generate", "--batch-size", "4"])
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and err.startswith("elastic-bench: error: lm-eval run: unknown argument '--batch-size'; did "
+                                          "you mean --batch_size")
+    assert "--model_args" in err and "--output_path" in err and "--tasks" in err
 
 
 def test_lm_evals_help_still_prints(capsys):

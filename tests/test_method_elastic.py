@@ -19,15 +19,6 @@ NEEDS_XATTENTION = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny shapes gain nothing from threads, and on a busy machine two threads are many times slower than one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 ALPHABETS = ["abcdefgh", "0123456789", "XYZ!?#", "qrstuvw .", "MNOPQR,;"]
 
 

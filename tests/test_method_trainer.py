@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from test_method_elastic import NEEDS_XATTENTION, one_thread  # noqa: F401  (one_thread: autouse fixture)
+from test_method_elastic import NEEDS_XATTENTION
 
 from elastic_bench import apply
 from elastic_bench.method import ModeConfig, synthetic_records
@@ -264,9 +264,25 @@ def test_cli_trains_on_records_and_rejects_unknown_categories(tmp_path, capsys):
     assert not any(name.endswith(".pt") for name in names)
     log = [json.loads(line) for line in (tmp_path / "out" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2]
-    assert "final hard ΩMSR" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "final hard ΩMSR" in captured.out
+    assert "train-router: 100%" in captured.err and "final evaluation: 100%" in captured.err  # a bar for each phase
     assert main([*args, "--output", str(tmp_path / "other"), "--target", "sensitive=0.3"]) == 2
     assert "['robust'] have no target" in capsys.readouterr().err
+
+
+def test_a_misspelt_target_is_refused_with_a_suggestion_before_the_model_loads(tmp_path, capsys, no_model):
+    from elastic_bench.cli import main
+
+    data = tmp_path / "records.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in synthetic_records(4, length=50)))
+    for source in (str(data), "synthetic", "records"):
+        code = main(["train-router", "--data", source, "--target", "sensitiv=0.9", "--target", "robust=1.0",
+                     "--output", str(tmp_path / "out")])
+        (err,) = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and err.endswith("--target sensitiv=0.9 names no category of the data: did you mean --target "
+                                          "sensitive=0.9?"), err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow

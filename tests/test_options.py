@@ -112,11 +112,11 @@ def test_help_comes_from_the_docstring():
 
 
 def test_parsed_values_are_typed_and_round_trip():
-    args = _parser().parse_args(["--steps", "7", "--lengths", "4K,512", "--weights", "a=0.5,b=2", "--weights", "c=1",
-                                 "--pair", "0.1,0.2", "--switch", "--no-on", "--mode", "b", "--width", "16"])
+    args = _parser().parse_args(["--steps", "7", "--lengths", "4K,512,1M,2m", "--weights", "a=0.5,b=2", "--weights",
+                                 "c=1", "--pair", "0.1,0.2", "--switch", "--no-on", "--mode", "b", "--width", "16"])
     config = from_args(Example, args)
-    assert config == Example(steps=7, lengths=[4096, 512], weights={"a": 0.5, "b": 2.0, "c": 1.0}, pair=(0.1, 0.2),
-                             switch=True, on=False, inner=Inner("b", 16))
+    assert config == Example(steps=7, lengths=[4096, 512, 1024**2, 2 * 1024**2], weights={"a": 0.5, "b": 2.0, "c": 1.0},
+                             pair=(0.1, 0.2), switch=True, on=False, inner=Inner("b", 16))
     again = from_args(Example, _parser().parse_args(shlex.split(shlex.join(command_line(Example, config)))))
     assert again == config
     assert command_line(Example, Example()) == []

@@ -256,7 +256,7 @@ def test_a_hub_id_without_a_hub_answering_is_one_line_after_one_request(tmp_path
     import huggingface_hub.utils
     from huggingface_hub import constants
 
-    from elastic_bench.modeling import loading
+    from elastic_bench.results import digests
 
     requests = []
 
@@ -268,15 +268,15 @@ def test_a_hub_id_without_a_hub_answering_is_one_line_after_one_request(tmp_path
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(huggingface_hub.utils, "get_session", Unanswered)
-    loading._hub_unreachable.cache_clear()
+    digests._hub_unreachable.cache_clear()
     code, err = main(["run", "--model", "nobody-h9/no-such-model", "--device", "cpu", "--output", tmp_path / "out"],
                      capsys)
-    loading._hub_unreachable.cache_clear()
+    digests._hub_unreachable.cache_clear()
     assert code == 2 and one_line(err) == (
         "elastic-bench: error: hub model nobody-h9/no-such-model is not in the local Hugging Face cache and the hub "
         f"cannot be used ({constants.ENDPOINT} did not answer: ConnectionError): download it where the hub is "
         "reachable, or give a local folder")
-    assert requests == [(constants.ENDPOINT, loading.HUB_TIMEOUT)]  # one request with a short timeout, no retries
+    assert requests == [(constants.ENDPOINT, digests.HUB_TIMEOUT)]  # one request with a short timeout, no retries
     assert not (tmp_path / "out").exists()
 
 

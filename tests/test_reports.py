@@ -25,16 +25,17 @@ def _row(md: str, first: str, after: str = "") -> list[str]:
 
 
 def _cell(root, method, task, length, score, esr, prefill, status="complete", model="m", device="NVIDIA H200",
-          backend="split", options=None, category=None, scores=None, artifacts=None, git_hash="abc123", resolved=None):
+          backend="split", options=None, category=None, scores=None, artifacts=None, git_hash="abc123", resolved=None,
+          learned=None):
     """A cell as the runner writes it, through the results store (its predictions' count, ids and digest recorded);
-    ``resolved``: the unset options as the method ran with them."""
+    ``resolved``: the unset options as the method ran with them; ``learned``: the names of its learned files."""
     cell = Cell(root, model, method, task, length)
     cell.dir.mkdir(parents=True, exist_ok=True)
     metrics = {"status": status, "num_samples": 4, "device": device, "backend_used": backend,
                "method": method.split("-")[0], "method_options": options or {}, "versions": {"torch": "2.9"},
                "fingerprint": {"method": method.split("-")[0], "artifacts": artifacts or {}},
                "git_hash": git_hash, "source_digest": "5ca1ab1e0ddba11s", "date": "2026-01-01T00:00:00+00:00",
-               **({"method_resolved": resolved} if resolved else {})}
+               **({"method_resolved": resolved} if resolved else {}), **({"learned_files": learned} if learned else {})}
     if status == "complete":
         meta = {"length": length, **({"category": category} if category else {})}
         for i, s in enumerate(scores or [score / 100] * 4):
@@ -142,6 +143,49 @@ def test_labels_are_short_and_never_show_absolute_paths(tmp_path):
     assert run_names(["a/demo", "b/demo"]) == ["a/demo", "b/demo"] and run_names(["x/a", "x/b"]) == ["a", "b"]
 
 
+def test_a_label_names_the_learned_file_a_method_found_itself(tmp_path):
+    """A method left at ``auto`` (result folder ``duo_attention``) is labelled with the file its cells record, beside
+    the options its folder gives; the legend names the file too."""
+    assert short_label("duo_attention", "duo_attention", {}, {"pattern": "testbed/duo_gates"}) == (
+        "duo_attention (pattern=testbed/duo_gates)")
+    assert short_label("elastic-sink=16", "elastic", {}, {"router": "testbed/elastic_router"}) == (
+        "elastic (sink=16, router=testbed/elastic_router)")
+    assert short_label("elastic-router=r_0.9", "elastic", {}, {"router": "r_0.9"}) == "elastic (router=r_0.9)"
+    _cell(tmp_path, "full", "t", 1024, 50.0, 0.0, 1.0)
+    _cell(tmp_path, "duo_attention", "t", 1024, 50.0, 0.3, 1.0, artifacts={"pattern": "ab" * 32},
+          learned={"pattern": "testbed/duo_gates"})
+    (comparison,) = summarize(load_cells(tmp_path))
+    assert [c.label for c in comparison.configs] == ["full", "duo_attention (pattern=testbed/duo_gates)"]
+    assert legend(comparison).frame.loc["duo_attention (pattern=testbed/duo_gates)", "learned files"] == (
+        "pattern=testbed/duo_gates · abababab")
+
+
+def test_every_mean_score_shows_the_samples_behind_it(tmp_path):
+    for length in (1024, 2048):
+        _cell(tmp_path, "full", "t", length, 50.0, 0.0, 1.0)
+    (comparison,) = summarize(load_cells(tmp_path))
+    write_report([comparison], tmp_path / "out", source=str(tmp_path))
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert _row(md, "full")[2] == "8 (4 per cell)"
+    assert "every score below is a mean over 4 samples per cell" in md
+
+
+def test_no_zoom_panel_where_the_best_scores_are_all_one_value(tmp_path):
+    """Scores that spread widely get a zoom on those near the best, unless those are one and the same score (every
+    one 100: the zoom would show a flat line on 99.85-100.15)."""
+    from elastic_bench.reports import plots
+
+    def panels(scores: dict[str, float]) -> bool:
+        for method, score in scores.items():
+            _cell(tmp_path / str(sorted(scores.values())), method, "t", 1024, score, 0.1 * len(method), 1.0,
+                  scores=[score / 100] * 4)
+        (comparison,) = summarize(load_cells(tmp_path / str(sorted(scores.values()))))
+        return "zooms" in plots.frontier(comparison, "omega_esr", "m").caption
+
+    assert not panels({"full": 100.0, "elastic": 100.0, "streaming": 50.0})
+    assert panels({"full": 100.0, "elastic": 97.0, "streaming": 50.0})
+
+
 def test_paired_differences_match_samples_by_id(tmp_path):
     _cell(tmp_path, "full", "t", 1024, 75.0, 0.0, 1.0, scores=[1, 1, 1, 0])
     _cell(tmp_path, "streaming", "t", 1024, 25.0, 0.5, 1.0, scores=[1, 0, 0, 0])
@@ -169,9 +213,10 @@ def test_report_files_render_tables_plots_and_failures_folded(run_dir, tmp_path)
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in pngs)
     md = (tmp_path / "out" / "report.md").read_text()
     assert all(f"]({p.name})" in md for p in pngs)  # every plot beside the Markdown, linked
-    assert _row(md, "elastic") == ["elastic", "60.00", "0.800", "0.400", "1.250", "1.60", "split", "NVIDIA H200",
-                                   "ΩESR, speedup"]
-    assert _row(md, "bad") == ["bad", "25.00", "0.600", "0.300", "1.500", "1.33", "split", "NVIDIA H200", "–"]
+    assert _row(md, "elastic") == ["elastic", "60.00", "16 (4 per cell)", "0.800", "0.400", "1.250", "1.60", "split",
+                                   "NVIDIA H200", "ΩESR, speedup"]
+    assert _row(md, "bad") == ["bad", "25.00", "16 (4 per cell)", "0.600", "0.300", "1.500", "1.33", "split",
+                               "NVIDIA H200", "–"]
     assert "does not measure kernel speed" not in md
     # the two failed cells share one message: it is printed once, with both cells
     assert md.count("out of memory at 4096 tokens") == 1
@@ -247,8 +292,9 @@ def test_prefill_times_that_do_not_measure_attention_get_a_sentence_not_a_speedu
     assert "m-frontier-speedup.png" not in {p.name for p in written}
     md = (tmp_path / "out" / "report.md").read_text()
     html = (tmp_path / "out" / "report.html").read_text()
-    assert _row(md, "streaming")[5] == "2.00 *"  # the speedup stays in the table, marked, with the sentence under it
-    assert f"* {comparison.speedup_note}" in md and md.count(comparison.speedup_note) == 2  # under the table, and
+    # no ratio that reads as a speedup: the reason in its place, and the sentence under the table
+    assert _row(md, "streaming")[6] == ("none: CPU timing" if device.startswith("cpu") else "none: see the note")
+    assert f"× full: {comparison.speedup_note}" in md and md.count(comparison.speedup_note) == 2  # under the table, and
     assert html.count("No speedup frontier:") == 2  # in the plot's place, in both files
     assert "speedup" not in _row(md, "streaming")[-1]  # on no speedup frontier
 

@@ -22,8 +22,8 @@ import pytest
 from elastic_bench import cli
 
 CHROMIUM = shutil.which("chromium")
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (`make install` installs "
-                                    "Debian's chromium where apt-get works)")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed, so the report page's browser "
+                                    "tests are skipped (`make test` installs Debian's chromium where apt-get works)")
 TESTBED = ["--model", "testbed", "--tasks", "testbed_niah_single,testbed_repeat", "--lengths", "1024", "--limit", "1",
            "--device", "cpu", "--no-progress"]
 TINY = ["--tasks", "ruler_niah_single_1", "--lengths", "640", "--limit", "2", "--device", "cpu", "--no-progress"]
@@ -89,11 +89,14 @@ class DevTools:
             self.events.append(message)
         return message
 
-    def open(self, page: Path, script: str) -> tuple[dict, list[str]]:
-        """Load ``page``, run ``script`` (an expression giving a JSON string) once it loaded; (its value, the URL of
-        every request the page made, itself included)."""
+    def open(self, page: Path, script: str, width: int | None = None) -> tuple[dict, list[str]]:
+        """Load ``page`` (in a window ``width`` pixels wide when given), run ``script`` (an expression giving a JSON
+        string) once it loaded; (its value, the URL of every request the page made, itself included)."""
         target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
         session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        if width is not None:
+            self.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": 900, "deviceScaleFactor": 1,
+                                                             "mobile": False}, session=session)
         self.send("Network.enable", session=session)
         self.send("Page.enable", session=session)
         self.send("Page.navigate", {"url": page.resolve().as_uri()}, session=session)
@@ -157,14 +160,15 @@ def test_testbed_report_shows_adaptive_sparsity_and_the_routing_map_and_loads_of
     assert {f"testbed-{t}" for t in ("adaptive-sparsity", "overview", "testbed-score", "testbed-msr", "testbed-esr",
                                      "pairs", "legend")} <= set(tables)
     alts = [i["alt"] for i in state["images"]]
-    assert "Routing map of elastic" in alts and "Routing map of full" not in alts  # full routes no prompt
+    assert "Routing map of elastic (router=testbed/elastic_router)" in alts  # the router the testbed ships
+    assert not any(alt.startswith("Routing map of full") for alt in alts)  # full routes no prompt
     assert "Adaptive sparsity: ΩMSR per task category" in alts
     # the adaptive-sparsity row of elastic: ΩMSR per family, as its cells' metrics.json record them
     md = (tmp_path / "report" / "report.md").read_text()
     section = md[md.index("**Adaptive sparsity"):]
     header = [c.strip() for c in section.splitlines()[2].strip("|").split("|")]
     row = next([c.strip() for c in line.strip("|").split("|")] for line in section.splitlines()
-               if line.startswith("| elastic "))
+               if line.startswith("| elastic (router=testbed/elastic_router) "))
     for task, family in (("testbed_niah_single", "sensitive"), ("testbed_repeat", "robust")):
         metrics = json.loads((runs / "testbed" / "testbed" / "elastic" / task / "1024" / "metrics.json").read_text())
         assert row[header.index(f"ΩMSR · {family}")] == f"{metrics['omega_msr']:.3f}"
@@ -177,8 +181,9 @@ def test_compare_of_two_testbed_runs_and_of_two_tiny_models(runs, tmp_path, brow
     state = _check_page(browser, tmp_path / "testbed" / "report.html")
     assert {"methods-by-runs", "pairs"} <= {t.rpartition("testbed-again-")[2] for t in dict(state["tables"])}
     md = (tmp_path / "testbed" / "report.md").read_text()
-    assert "testbed · elastic − testbed-again · elastic" in md  # the same prompts, the same predictions: Δ 0
-    assert _row(md, "testbed · elastic − testbed-again · elastic")[1:4] == ["+0.00", "+0.00", "+0.00"]
+    pair = "testbed · elastic (router=testbed/elastic_router) − testbed-again · elastic (router=testbed/elastic_router)"
+    assert pair in md  # the same prompts, the same predictions: Δ 0
+    assert _row(md, pair)[1:4] == ["+0.00", "+0.00", "+0.00"]
     assert cli.main(["compare", str(runs / "llama"), str(runs / "qwen3")]) == 0  # default output: beside the runs
     md = (runs / "compare-llama-qwen3" / "report.md").read_text()
     assert "llama · tiny-llama · streaming (local=64)" in md and "qwen3 · tiny-qwen3 · full" in md
@@ -198,3 +203,29 @@ def test_the_request_check_sees_a_page_that_fetches(tmp_path, browser):
     page.write_text('<html><body><img src="http://example.invalid/x.png"></body></html>')
     _, requests = browser.open(page, 'JSON.stringify(0)')
     assert "http://example.invalid/x.png" in requests
+
+
+FIGURES = """JSON.stringify(Array.from(document.querySelectorAll("figure")).map(function (f) {
+  var img = f.querySelector("img"), link = img.closest("a");
+  return {id: f.id, natural: img.naturalWidth, shown: img.getBoundingClientRect().width,
+          room: f.parentElement.getBoundingClientRect().width, href: link && link.getAttribute("href")};
+}))"""
+
+
+@needs_chromium
+def test_the_headline_figure_is_drawn_at_the_pages_width_and_every_figure_links_to_its_png(tmp_path, browser):
+    """In a 1200-pixel window the two-panel frontier (1650 pixels) spans the page, about 1150 pixels, not a column of
+    half of it; every figure is drawn at its own size where it fits, and links to its PNG beside the page."""
+    from test_reports import _cell
+
+    from elastic_bench.reports import load_cells, summarize, write_report
+
+    for method, score in (("full", 100.0), ("elastic", 97.0), ("streaming", 50.0)):
+        _cell(tmp_path / "run", method, "t", 1024, score, 0.2 * len(method) / 9, 1.0, category="sensitive")
+    write_report(summarize(load_cells(tmp_path / "run")), tmp_path / "report", source="x")
+    figures, _ = browser.open(tmp_path / "report" / "report.html", FIGURES, width=1200)
+    headline = next(f for f in figures if f["id"].endswith("-frontier-omega-esr"))
+    assert headline["natural"] == 1650 and 1100 <= headline["shown"] == pytest.approx(headline["room"], abs=3)
+    for figure in figures:
+        assert figure["shown"] == pytest.approx(min(figure["natural"], figure["room"]) + 2, abs=1), figure  # + border
+        assert figure["href"] == f"{figure['id']}.png" and (tmp_path / "report" / figure["href"]).is_file()

@@ -73,25 +73,29 @@ def test_overall_progress_bar_counts_cells_done_and_skipped(tmp_path, capsys):
     assert "2/2" in err and "cell 1 of 2" not in err
 
 
-def _row(method, score, status="complete", device="cpu (x86_64)", **values):
+def _row(method, score, status="complete", device="cpu (x86_64)", learned=None, **values):
     return {"model": "testbed", "method": method, "task": "testbed", "length": 1024, "status": status,
-            "score": score, "omega_msr": values.get("msr"), "omega_esr": values.get("esr"),
-            "prefill_ms": values.get("ms"), "device": device}
+            "score": score, "n": 3 if status == "complete" else None, "omega_msr": values.get("msr"),
+            "omega_esr": values.get("esr"), "prefill_ms": values.get("ms"), "device": device,
+            "learned_files": learned or {}}
 
 
 def test_format_rows_summarises_methods_with_fixed_decimals_a_legend_and_the_cpu_caveat():
     rows = [_row("full", 100.0, msr=0.0, esr=0.0, ms=20.0), _row("full", 0, msr=0.0, esr=0.0, ms=40.0),
             _row("streaming", 100 / 3, msr=1.0, esr=0.5, ms=90.0),
-            _row("streaming", None, status="failed", device=None)]
+            _row("streaming", None, status="failed", device=None),
+            _row("elastic", 50.0, msr=0.5, esr=0.2, ms=10.0, learned={"router": "testbed/elastic_router"})]
     text = format_rows(rows, "runs/demo")
     lines = text.splitlines()
     summary = lines[:lines.index("")]
-    assert summary[0].split() == ["method", "complete", "failed", "score", "ΩMSR", "ΩESR", "prefill_ms", "(median)"]
-    assert summary[2].split() == ["full", "2/2", "0", "50.0", "0.000", "0.000", "30.0"]
-    assert summary[3].split() == ["streaming", "1/2", "1", "33.3", "1.000", "0.500", "90.0"]
+    assert summary[0].split() == ["method", "complete", "failed", "score", "n", "ΩMSR", "ΩESR", "prefill_ms",
+                                  "(median)"]
+    assert summary[2].split() == ["full", "2/2", "0", "50.0", "6", "0.000", "0.000", "30.0"]  # 6 samples behind 50.0
+    assert summary[3].split() == ["streaming", "1/2", "1", "33.3", "3", "1.000", "0.500", "90.0"]
     cells = [line.split() for line in lines[len(summary) + 1:]]
-    assert cells[0] == ["model", "method", "task", "length", "status", "score", "ΩMSR", "ΩESR", "prefill_ms"]
-    assert [row[5] for row in cells[2:6]] == ["100.0", "0.0", "33.3", "-"]
+    assert cells[0] == ["model", "method", "task", "length", "status", "score", "n", "ΩMSR", "ΩESR", "prefill_ms"]
+    assert [row[5:7] for row in cells[2:6]] == [["100.0", "3"], ["0.0", "3"], ["33.3", "3"], ["-", "-"]]
+    assert "learned files: elastic: router=testbed/elastic_router" in lines
     assert "elastic-bench report runs/demo" in text and lines[-1] == CPU_CAVEAT
     on_gpu = format_rows([_row("full", 50.0, device="NVIDIA H200", ms=5.0)], "runs/gpu")
     assert CPU_CAVEAT not in on_gpu and "50.0" in on_gpu

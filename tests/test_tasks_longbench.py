@@ -38,7 +38,7 @@ def tok():
 
 @pytest.fixture(autouse=True)
 def no_hub(monkeypatch):
-    def offline(repo, filename):
+    def offline(repo, filename, local_only=False):
         raise ConnectionError("offline test")
 
     monkeypatch.setattr(corpora, "hub_download", offline)
@@ -111,6 +111,23 @@ def test_zip_laid_out_like_the_hub_gives_the_same_samples(data_dir, tmp_path, to
         tasks.get("longbench_e_qasper", data_dir=str(tmp_path / "zip")).samples(tok, 2048)
 
 
+def test_offline_a_missing_corpus_is_one_quick_message_from_the_local_cache_alone(tmp_path, tok, monkeypatch):
+    """With the hub unusable (``HF_HUB_OFFLINE``), the hub copy is looked up in the local cache only (no network, no
+    retries), and the message says why."""
+    from elastic_bench.results import digests
+
+    asked = []
+    monkeypatch.setattr(corpora, "hub_download", lambda repo, file, local_only=False: asked.append(local_only) or
+                        (_ for _ in ()).throw(FileNotFoundError("not cached")))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert digests.hub_unavailable() == "HF_HUB_OFFLINE is set"
+    with pytest.raises(FileNotFoundError) as err:
+        tasks.get("longbench_e_qasper", data_dir=str(tmp_path)).samples(tok, 2048)
+    assert asked == [True]
+    assert ("(the hub cannot be used, HF_HUB_OFFLINE is set, and its copy THUDM/LongBench/data.zip is not in the local "
+            "cache): provide") in str(err.value)
+
+
 def test_missing_data_names_the_file_and_where(tmp_path, tok, monkeypatch):
     monkeypatch.delenv(corpora.ENV_VAR, raising=False)
     with pytest.raises(FileNotFoundError) as err:
@@ -118,7 +135,7 @@ def test_missing_data_names_the_file_and_where(tmp_path, tok, monkeypatch):
     message = str(err.value)
     assert str(tmp_path / "longbench/data/qasper_e.jsonl") in message
     assert str(tmp_path / "longbench/data.zip") in message
-    assert "THUDM/LongBench/data.zip could not be fetched" in message
+    assert "THUDM/LongBench/data.zip could not be fetched" in message or "is not in the local cache" in message
     with pytest.raises(FileNotFoundError, match="no data directory is set: pass --data-dir or set ELASTIC_BENCH_DATA"):
         tasks.get("longbench_v2").samples(tok, 2048)
     monkeypatch.setenv(corpora.ENV_VAR, str(tmp_path))

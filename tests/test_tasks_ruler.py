@@ -32,7 +32,7 @@ def tok():
 
 @pytest.fixture(autouse=True)
 def no_hub(monkeypatch):
-    def offline(*args):
+    def offline(*args, **kwargs):
         raise ConnectionError("offline test")
 
     monkeypatch.setattr(corpora, "hub_download", offline)

@@ -31,7 +31,13 @@ def test_shipped_checkpoint_is_small_bf16_and_loads_offline_with_its_tokenizer()
 
 def test_reduced_demo_runs_every_method_on_the_testbed(tmp_path, capsys):
     output = tmp_path / "demo"
-    assert cli.main(["demo", "--output", str(output), "--limit", "1", "--lengths", "1K"]) == 0
+    torch.set_num_threads(2)  # the demo runs on the one thread it was measured fastest on, whatever torch's default
+    try:
+        assert cli.main(["demo", "--output", str(output), "--limit", "1", "--lengths", "1K"]) == 0
+    finally:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+    assert threads == 1
     printed = capsys.readouterr().out
     assert f"demo results written to {output}" in printed
     metrics = {p.parent.parent.parent.name.split("-")[0] + "/" + p.parent.parent.name: json.loads(p.read_text())
@@ -76,6 +82,19 @@ def test_reduced_demo_runs_every_method_on_the_testbed(tmp_path, capsys):
         swept = sweep_run / f"elastic-router=sensitive_{target['sensitive']}" / path.parent.parent.name / "1024"
         first = json.loads((swept / "predictions.jsonl").read_text().splitlines()[0])
         assert json.loads(path.read_text().splitlines()[0])["decisions"] == first["decisions"]
+    # DuoAttention and PruLong run the gates their trainers made (train-duo, train-prulong), as the sweep's trained
+    # baselines did: the same heads full on every prompt; and every label names the learned file its row used
+    for method, gates, swept in (("duo_attention", "duo_gates", "duo_attention-pattern=duo"),
+                                 ("prulong", "prulong_gates", "prulong-pattern=prulong")):
+        ours = json.loads(next(output.glob(f"testbed/{method}/testbed_repeat/1024/predictions.jsonl")).read_text()
+                          .splitlines()[0])
+        theirs = json.loads((sweep_run / swept / "testbed_repeat" / "1024" / "predictions.jsonl").read_text()
+                            .splitlines()[0])
+        assert ours["decisions"] == theirs["decisions"], method
+        assert f"| {method} (pattern=testbed/{gates})" in report
+    assert "| elastic (router=testbed/elastic_router)" in report
+    assert ("learned files: duo_attention: pattern=testbed/duo_gates; elastic: router=testbed/elastic_router; "
+            "prulong: pattern=testbed/prulong_gates") in printed
 
 
 def test_head_ablation_finds_the_shipped_retrieval_heads_and_writes_duo_gates(tmp_path):
@@ -89,5 +108,5 @@ def test_head_ablation_finds_the_shipped_retrieval_heads_and_writes_duo_gates(tm
     assert (gates > 0.25).sum() == 1
     write_gates(gates, tmp_path / "gates.tsv")
     assert load_gates(tmp_path / "gates.tsv") == pytest.approx(gates.round(4))
-    shipped = load_gates(TESTBED_DIR / "head_gates.tsv")
+    shipped = load_gates(TESTBED_DIR / "head_ablation.tsv")
     assert shipped.shape == (6, 2) and int(np.argmax(shipped)) == 10 and (shipped > 0.25).sum() == 1  # GPU, 20 samples

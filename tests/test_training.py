@@ -101,6 +101,41 @@ def test_a_run_stopped_and_resumed_equals_one_run_bit_for_bit(tmp_path, monkeypa
     assert again.seen == [] and third.complete and [r["step"] for r in third.log] == [1, 2, 3, 4, 5, 6]
 
 
+class Killed(Regression):
+    """`Regression`, killed (an interrupt) when it reaches step ``at``."""
+
+    def __init__(self, steps: int, at: int):
+        super().__init__(steps)
+        self.at = at
+
+    def losses(self, step, batch):
+        if step == self.at:
+            raise KeyboardInterrupt
+        yield from super().losses(step, batch)
+
+
+def test_a_run_killed_before_its_first_step_checkpoint_keeps_the_steps_of_its_time_checkpoints(tmp_path):
+    """Checkpoints every ``save_minutes`` as well as every ``save_every`` steps: killed at step 4 of 6, long before
+    its first step checkpoint (100), the run resumes from step 3 (time checkpoints after every step here) with the
+    log of steps 1-3, and ends as a run never killed."""
+    options = RunOptions(output=str(tmp_path / "killed"), save_every=100, save_minutes=1e-9, progress=False)
+    killed = Killed(6, at=3)
+    with pytest.raises(KeyboardInterrupt):
+        fit(killed, options, 6, fingerprint({"steps": 6}))
+    assert killed.saved == [1, 2, 3]  # a checkpoint (and an export) at each time checkpoint
+    resumed = Regression(6)
+    result = fit(resumed, options, 6, fingerprint({"steps": 6}))
+    assert result.start == 3 and resumed.seen == [3, 4, 5] and [r["step"] for r in result.log] == [1, 2, 3, 4, 5, 6]
+    whole, _ = run(tmp_path / "whole")
+    for key, value in weights(whole).items():
+        assert torch.equal(weights(resumed)[key], value), key
+    untimed = Killed(6, at=3)  # by steps alone, the same kill loses every step
+    with pytest.raises(KeyboardInterrupt):
+        fit(untimed, RunOptions(output=str(tmp_path / "untimed"), save_every=100, save_minutes=None, progress=False),
+            6, fingerprint({"steps": 6}))
+    assert untimed.saved == [] and read_state(tmp_path / "untimed") is None
+
+
 def test_the_log_is_cut_back_to_the_resumed_step(tmp_path):
     run(tmp_path, steps=4)
     with (tmp_path / LOG_FILE).open("a") as log:  # lines an interrupted run wrote after its last checkpoint
@@ -142,6 +177,8 @@ def test_run_options_are_checked(tmp_path):
         RunOptions(output=str(tmp_path), save_every=0)
     with pytest.raises(ValueError, match="max_minutes"):
         RunOptions(output=str(tmp_path), max_minutes=0)
+    with pytest.raises(ValueError, match="save_minutes must be > 0"):
+        RunOptions(output=str(tmp_path), save_minutes=0)
     (tmp_path / "a-file").write_text("")
     with pytest.raises(ValueError, match="is a file; expected a folder"):  # refused before any training starts
         RunOptions(output=str(tmp_path / "a-file"))

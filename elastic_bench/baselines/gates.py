@@ -8,8 +8,9 @@ streaming KV heads.
 - PruLong ("Cache Me If You Can", https://arxiv.org/abs/2506.17121): a gate file in the same layout (0/1 masks, or
   gates binarised by the same quantile rule), streaming heads with sink 128 + window 1024.
 
-The gates are data files: a ``head_gates.tsv`` inside the model directory (the testbed ships one, from head
-ablation), or the shipped DuoAttention patterns (Llama-3.1-8B-Instruct, Mistral-7B-Instruct-v0.2, MIT licence, see
+The gates are data files: a trainer's output folder inside the model directory, ``duo_gates/`` for DuoAttention and
+``prulong_gates/`` for PruLong (the testbed ships both, made by ``train-duo`` and ``train-prulong``), or the shipped
+DuoAttention patterns (Llama-3.1-8B-Instruct, Mistral-7B-Instruct-v0.2, MIT licence, see
 ``data/duo_attention_patterns/NOTICE.md``) found by model name; any other model needs ``pattern=<dir or tsv>``.
 
 Prefill deployments (``prefill``), each computed in one forward of the prompt:
@@ -77,7 +78,7 @@ def gate_provenance(path: str | Path) -> dict[str, Any] | None:
     """What the gates at ``path`` (a ``full_attention_heads.tsv`` or a folder holding one) were trained on: the
     ``provenance`` of the ``config.json`` a gate trainer writes beside them (`elastic_bench.training.provenance`),
     checked; None for gates without one (an older trainer's, DuoAttention's released patterns, a hand-made file such
-    as the testbed's ablation ``head_gates.tsv``)."""
+    as the testbed's ablation ``head_ablation.tsv``)."""
     from elastic_bench.training.provenance import check_provenance
 
     path = Path(path)
@@ -113,7 +114,6 @@ def binarize(gates: np.ndarray, sparsity: float | None, seed: int = 0) -> np.nda
     return noisy >= np.quantile(noisy, sparsity)
 
 
-MODEL_GATES = "head_gates.tsv"  # a gate file shipped inside a model directory (e.g. the testbed's)
 Prefill = Literal["one-shot", "chunked", "longbench"]
 LONGBENCH_DECODED = 50  # DuoAttention's eval/LongBench/pred.py: --decoding_simulation_length 50
 
@@ -126,21 +126,22 @@ def prefill_chunk_starts(length: int, chunk_size: int, decoded: int) -> tuple[in
     return (*range(0, head, chunk_size), *range(head, length))
 
 
-def shipped_pattern(source: str, duo_patterns: bool = True) -> Path:
-    """The gates shipped with the model at ``source`` (its folder or hub id): ``<model dir>/head_gates.tsv``, else
-    (with ``duo_patterns``) the shipped DuoAttention pattern whose model name matches, else a clear error."""
+def shipped_pattern(source: str, folder: str, duo_patterns: bool = True) -> Path:
+    """The gates shipped with the model at ``source`` (its folder or hub id): the gate folder ``<model dir>/<folder>``
+    (a trainer's output: ``full_attention_heads.tsv``, its ``config.json`` and log), else (with ``duo_patterns``) the
+    shipped DuoAttention pattern whose model name matches, else a clear error."""
 
     def norm(name: str) -> str:
         return re.sub(r"^meta-", "", Path(name).name.lower())
 
-    if source and (Path(source) / MODEL_GATES).exists():
-        return Path(source) / MODEL_GATES
+    if source and (Path(source) / folder / GATES_FILE).exists():
+        return Path(source) / folder
     shipped = sorted(p.name for p in PATTERNS_DIR.iterdir() if p.is_dir()) if duo_patterns else []
     for candidate in shipped:
         if norm(candidate) == norm(source):
             return PATTERNS_DIR / candidate
     raise FileNotFoundError(
-        f"no head gates shipped for model {norm(source) or '(unnamed)'!r} (no {MODEL_GATES} in its directory"
+        f"no head gates shipped for model {norm(source) or '(unnamed)'!r} (no {folder}/{GATES_FILE} in its directory"
         + (f"; DuoAttention patterns: {', '.join(shipped)}" if shipped else "")
         + "); pass pattern=<folder or full_attention_heads.tsv>"
     )
@@ -152,8 +153,8 @@ class HeadGates(Method):
 
     Args:
         pattern: folder or TSV of gates (e.g. the output folder of ``train-duo`` / ``train-prulong``); ``"auto"``:
-            ``head_gates.tsv`` in the model directory, else (``duo_attention`` only) a shipped DuoAttention pattern
-            matching the model name.
+            the gate folder the model directory ships for the method (``duo_gates/``, ``prulong_gates/``), else
+            (``duo_attention`` only) a shipped DuoAttention pattern matching the model name.
         sparsity: fraction of KV heads made streaming (global quantile); None thresholds the gates at 0.5.
         seed: seed of the tie-breaking noise.
         sink: streaming sink tokens.
@@ -178,6 +179,7 @@ class HeadGates(Method):
     # the share of streaming heads, then their window (a head's step of sparsity can be coarser than a budget's
     # tolerance on a model with few heads)
     knobs = (SparsityKnob("sparsity", "higher", low=0.0, high=1.0), SparsityKnob("local", "lower", low=1, integer=True))
+    model_gates: ClassVar[str] = "duo_gates"  # the gate folder "auto" looks for in the model directory
     duo_patterns: ClassVar[bool] = True  # whether "auto" may take a shipped DuoAttention pattern
     decoded_prompt_tokens: ClassVar[int] = 0  # last prompt tokens upstream's chunked evaluation feeds one at a time
 
@@ -203,11 +205,17 @@ class HeadGates(Method):
     def gate_file(self, model_dir: str) -> Path:
         """The gate file (or folder) this method loads for the model at ``model_dir`` (``pattern``, or for ``"auto"``
         the gates shipped with the model)."""
-        return shipped_pattern(model_dir, self.duo_patterns) if self.pattern == "auto" else Path(self.pattern)
+        if self.pattern == "auto":
+            return shipped_pattern(model_dir, self.model_gates, self.duo_patterns)
+        return Path(self.pattern)
 
     def artifacts(self, model_dir: str) -> dict[str, Path]:
-        path = self.gate_file(model_dir)  # a folder's gate file only: its other files (a training state) do not count
-        return {"pattern": path / GATES_FILE if path.is_dir() else path}
+        return {"pattern": self.gate_file(model_dir)}
+
+    def hold(self, name: str, path: Path, folder: Path) -> Path:
+        """A copy of the gate file alone (a folder's ``full_attention_heads.tsv``): a trainer's log, configuration or
+        resume state beside it changes no gate."""
+        return super().hold(name, path / GATES_FILE if path.is_dir() else path, folder)
 
     def provenance(self, name: str, path: Path) -> dict[str, Any] | None:
         """The gate trainer's record beside the gate file (`gate_provenance`)."""

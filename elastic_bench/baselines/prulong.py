@@ -22,7 +22,7 @@ class PruLong(HeadGates):
     as a step of its own; the first chunk is dense for every head, so a prompt within one chunk saves nothing).
 
     No PruLong masks are released upstream: ``pattern`` must be given, or the model directory must ship a
-    ``head_gates.tsv`` (0/1 masks: ``sparsity=None``).
+    ``prulong_gates/`` folder (``train-prulong``'s output; 0/1 masks: ``sparsity=None``).
     """
 
     sparsity: float | None = None
@@ -30,5 +30,6 @@ class PruLong(HeadGates):
     local: int = 1024
     chunk_size: int = 32768  # PruLong's eval/run_scripts/run_prulong_32k.sh: --duoattn_chunk_prefilling 32768
 
+    model_gates: ClassVar[str] = "prulong_gates"
     duo_patterns: ClassVar[bool] = False
     decoded_prompt_tokens: ClassVar[int] = 1  # eval/model_utils.py prefills input_ids[..., :-1], then generates

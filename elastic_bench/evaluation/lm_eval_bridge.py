@@ -84,6 +84,7 @@ from elastic_bench.modeling.loading import (
     resolve_model,
     torchrun_world_size,
 )
+from elastic_bench.modeling.tensor_parallel import tensor_parallel
 from elastic_bench.training.distributed import Ranks
 
 HFLM_ARGS = [name for name in inspect.signature(HFLM.__init__).parameters if name not in ("self", "kwargs")]
@@ -91,6 +92,9 @@ OUR_ARGS = ["method", "kernel_backend", "tp"]
 logger = logging.getLogger(__name__)
 REPORT_KEY = "elastic_bench"  # where the method and its sparsity go in lm-eval's results config and samples
 GREEDY_KWARGS = {"attention_mask", "do_sample", "temperature", "top_p", "top_k"}  # what greedy generation may be given
+TESTBED_TEXT = ("the testbed model cannot model real text: it was trained on the testbed's synthetic needle and copy "
+                "tasks only, with a word-level vocabulary of their words, so the loglikelihoods of task {task} say "
+                "nothing (its byte perplexity on natural text is in the hundreds); evaluate a pretrained model")
 
 
 @register_model("elastic")
@@ -120,6 +124,7 @@ class ElasticLM(HFLM):
         if plan.fell_back:
             logger.warning("device %s is not available; using %s", device, plan.device)
         self.method = plan.method
+        self._testbed = plan.source.kind == "testbed"  # warned about when it scores text (`TESTBED_TEXT`)
         model, tokenizer = load_model(plan.source, dtype=plan.dtype, device=_rank_device(plan), tp=plan.tp)
         self._applied = apply(self.method, model, backend=kernel_backend)
         self.handle = self._applied.__enter__()
@@ -154,6 +159,8 @@ class ElasticLM(HFLM):
         results: list[Any] = [None] * len(requests)
         for key, indices in groups.items():
             group = [requests[i] for i in indices]
+            if self._testbed and group[0].request_type.startswith("loglikelihood"):
+                logger.warning(TESTBED_TEXT.format(task=group[0].task_name))
             self.handle.reset()
             with self._logging_rows() as rows:
                 for i, result in zip(indices, run(group, disable_tqdm=disable_tqdm)):
@@ -165,16 +172,24 @@ class ElasticLM(HFLM):
                 # keyed after the run: the arguments as lm-eval logs them
                 self.per_request[request_key(request.args)] = combined(
                     [per_sample[row] for row in used], [rows.tokens[row] for row in used])
-            self.sparsity[key] = self._summary(stats, sorted({row for used in request_rows for row in used}))
+            self.sparsity[key] = self._summary(stats, sorted({row for used in request_rows for row in used}), rows)
         return results
 
-    def _summary(self, stats: dict[str, Any], rows: list[int]) -> dict[str, Any]:
+    def _summary(self, stats: dict[str, Any], rows: list[int], log: _RowLog) -> dict[str, Any]:
         """The handle's ``stats`` over the samples ``rows`` (the rows of requests: not lm-eval's batch-size
         detection), without per-sample values, plus ``fraction_full``: the share of FULL heads per layer ``[L]``
-        over those samples."""
+        over those samples, and ``kv_bytes`` / ``kv_bytes_full``: the mean over the generated rows of what each row's
+        cache kept when it finished (`_RowLog.kv_bytes`; absent where no row generated). The handle's own
+        ``kv_bytes`` are those of the last forward's cache, a whole batch's, and are left out."""
         samples = [stats["per_sample"][row] for row in rows]
-        stats = {key: value for key, value in stats.items() if key != "per_sample"}
+        stats = {key: value for key, value in stats.items() if key not in ("per_sample", "kv_bytes", "kv_bytes_full")}
         stats.update(sample_means(samples), num_samples=len(samples))
+        kept = [log.kv_bytes[row] for row in rows if row in log.kv_bytes]
+        if kept:
+            totals = (sum(k for k, _ in kept), sum(f for _, f in kept))
+            shard = tensor_parallel(self.model)  # a tensor-parallel rank's rows hold its heads: summed over the ranks
+            held, full = shard.sum(totals) if shard else totals
+            stats.update(kv_bytes=held / len(kept), kv_bytes_full=full / len(kept))
         decisions = self.handle.decisions()[rows]  # [N, L, H]
         stats["fraction_full"] = (decisions == Mode.FULL).float().mean(dim=(0, 2)).tolist() if decisions.numel() else []
         return {key: None if isinstance(value, float) and math.isnan(value) else value for key, value in stats.items()}
@@ -243,6 +258,7 @@ class ElasticLM(HFLM):
         generation runs `elastic_bench.modeling.generation.generate`, anything else transformers' ``generate``."""
         mask = generation_kwargs.get("attention_mask")  # [B, P]
         lengths = mask.sum(dim=1).tolist() if mask is not None else [context.shape[1]] * context.shape[0]
+        first = len(self._rows.tokens) if self._rows is not None else 0  # the batch's first row in the log
         if self._rows is not None:
             self._rows.add(lengths)
         greedy = not generation_kwargs.get("do_sample") and not generation_kwargs.get("temperature")
@@ -256,6 +272,9 @@ class ElasticLM(HFLM):
                             enabled=self.mixed_precision_dtype is not None):
             batch = generate(self.model, prompts, [budget] * B, [stop_ids(self.model, self.tokenizer)] * B,
                              finished=stop_strings(self.tokenizer, stop), pad_id=pad)
+        if self._rows is not None:
+            self._rows.kv_bytes.update({first + b: (r.kv_bytes, r.kv_bytes_full) for b, r in enumerate(batch.rows)
+                                        if r.kv_bytes is not None})
         rows = [r.tokens + ([r.stop_token] if r.stop_token is not None else []) for r in batch.rows]
         width = max(map(len, rows))
         new = torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=context.dtype, device=context.device)
@@ -296,6 +315,8 @@ class _RowLog:
     fresh: deque[int] = dataclasses.field(default_factory=deque)  # request rows no result has claimed yet
     results: list[int] = dataclasses.field(default_factory=list)  # each result's row, results in lm-eval's order
     windows: list[int] = dataclasses.field(default_factory=list)  # windows of each rolling document, in order
+    # a generated row → the bytes of keys and values its packed cache kept when it finished, and a full cache's
+    kv_bytes: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
     def add(self, lengths: list[int], requests: bool = True) -> None:
         """Note one forward's rows (``lengths``: tokens of each); ``requests=False``: no request's result comes
@@ -478,7 +499,8 @@ def build_method(name: str, kwargs: dict[str, Any]):
     valid = [*HFLM_ARGS, *OUR_ARGS, *(f"method_{knob}" for knob in knobs)]
     for key in kwargs:
         if key not in valid:
-            raise did_you_mean(f"model argument of `elastic` (method {name!r})", key, valid)
+            error = did_you_mean("model argument", key, valid, every=True)
+            raise type(error)(f"--model_args of `elastic` (method {name!r}): {error}")
     values = {key.removeprefix("method_"): kwargs.pop(key) for key in list(kwargs) if key.startswith("method_")}
     return get_method(name, **{knob: typed(cls, knob, value) for knob, value in values.items()})
 
@@ -604,7 +626,7 @@ def cli(argv: list[str]) -> int:
             args = parser.parse_args()
         except SystemExit as exit_:
             if exit_.code:
-                raise ValueError(_parser_error(printed.getvalue())) from None
+                raise ValueError(_parser_error(printed.getvalue(), parser, argv)) from None
             return 0  # its help was printed
         if args.command == "run":
             config, tasks = _checked_run(args)
@@ -642,10 +664,20 @@ def _checked_run(args: Any) -> tuple[Any, Any]:
     return config, config.process_tasks(config.metadata)
 
 
-def _parser_error(printed: str) -> str:
-    """The error argparse printed (its usage, then ``prog: error: message``) as one line: ``prog: message``."""
+def _parser_error(printed: str, parser: Any, argv: list[str]) -> str:
+    """The error argparse printed (its usage, then ``prog: error: message``) as one line: ``prog: message``; an
+    unrecognized argument of an lm-eval command (``argv``'s first word, ``run`` when it names none) as the closest of
+    that command's arguments, listing them all."""
     lines = [line for line in printed.splitlines() if line.strip()]
-    return lines[-1].replace(": error: ", ": ", 1) if lines else "lm-eval: invalid command line"
+    message = lines[-1].replace(": error: ", ": ", 1) if lines else "lm-eval: invalid command line"
+    _, unrecognized, given = message.partition(": unrecognized arguments: ")
+    commands = parser._subparsers.choices  # lm-eval's `run`, `ls`, `validate`
+    command = argv[0] if argv and argv[0] in commands else "run"
+    if not unrecognized or not given.split():
+        return message
+    flags = sorted({o for a in commands[command]._actions for o in a.option_strings if o.startswith("--")})
+    first = next((word for word in given.split() if word.startswith("-")), given.split()[0])
+    return f"lm-eval {command}: {did_you_mean('argument', first, flags, every=True)}"
 
 
 @contextlib.contextmanager

@@ -46,7 +46,7 @@ from elastic_bench.evaluation.presets import applies, get_preset
 from elastic_bench.evaluation.presets import label as preset_label
 from elastic_bench.evaluation.terminal import summary_row
 from elastic_bench.foundation.files import StorageError
-from elastic_bench.foundation.options import check_fields, check_value
+from elastic_bench.foundation.options import check_fields, check_lengths, check_value
 from elastic_bench.foundation.registry import check_declared, did_you_mean
 from elastic_bench.modeling.choices import METHODS_GROUP, KVCache
 from elastic_bench.results.store import Cell
@@ -139,8 +139,7 @@ class RunConfig:
     def __post_init__(self):
         if not self.methods or not self.tasks or not self.lengths:
             raise ValueError("a run needs at least one method, one task and one length")
-        if any(length <= 0 for length in self.lengths):
-            raise ValueError(f"lengths must be positive token counts, got {self.lengths}")
+        check_lengths("lengths", self.lengths)
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be at least 1, got {self.limit}")
         if self.seed < 0:
@@ -167,6 +166,7 @@ class RunConfig:
         if self.backend != "auto" and self.backend not in backend_names():
             raise did_you_mean("attention backend", self.backend, ["auto", *backend_names()])
         built = dict(zip(self.methods, self.build_methods()))  # -O text read by each option's type
+        _check_distinct(self.methods, [self.label(m) for m in built.values()])
         self.method_options = {name: {key: getattr(built[name], key) for key in values}
                                for name, values in self.method_options.items()}
 
@@ -213,6 +213,7 @@ class _Session:
     ranks: Ranks
     originals: dict[str, str]  # the run's copy of each learned file → the file it copies (`_held`), for messages
     provenance: dict[str, dict[str, Any]]  # method label → option → what its learned file was trained on (held_out)
+    learned: dict[str, dict[str, str]] = field(default_factory=dict)  # result folder → `learned_names` of its method
     batch_sizes: dict[int, int] = field(default_factory=dict)  # length → the batch `auto` found (or backed off to)
 
 
@@ -284,11 +285,13 @@ def _run(config: RunConfig, held: Path, budgets: BudgetConfig | None = None) -> 
             refuse_in_distribution(m, learned[config.label(m)], drawn_on)
     kept = [_held(m, source, held / str(i)) for i, m in enumerate(built)]  # (the method loading the copies, digests)
     originals = {copy: path for _, _, copies in kept for copy, path in copies.items()}
+    names = {config.label(m): learned_names(m.artifacts(source.path), source) for m in built}
     model_files = model_digest(source)
     # the run's configurations by folder label: each method, or with budgets each method at each budget
     # (`calibration.entries`): (the method loading the copies, its budget, its fingerprint)
     entries: dict[str, tuple[Method, Budget | None, dict[str, Any]]] = {}
     learned_by_label = {}  # each configuration's folder label → its method's learned files' provenance
+    names_by_label = {}  # and their names
     for name, m, (method, digests, _) in zip(config.methods, built, kept):
         base = _fingerprint(config, m, digests, model_files)
         for label, budget in calibration.entries(m, config.method_options.get(name, {}),
@@ -296,6 +299,7 @@ def _run(config: RunConfig, held: Path, budgets: BudgetConfig | None = None) -> 
             entries[label] = (method, budget, base if budgets is None else
                               calibration.fingerprint(base, m, budget, budgets.calibration_samples))
             learned_by_label[label] = learned[config.label(m)]
+            names_by_label[label] = names[config.label(m)]
     data = {name: identities(task_registry.get(name, data_dir=config.data_dir).sources, config.data_dir)
             for name in task_names}
 
@@ -327,7 +331,7 @@ def _run(config: RunConfig, held: Path, budgets: BudgetConfig | None = None) -> 
         provenance = {label: {name: found for name, (_, found) in files.items()}
                       for label, files in learned_by_label.items()}
         session = _Session(config, model, tokenizer, model_context(model.config), stop_ids(model, tokenizer),
-                           ranks, originals, provenance)
+                           ranks, originals, provenance, names_by_label)
         split = _Split(session, task_names, budgets)
         rows = []
         overall = tqdm(total=len(task_names) * len(config.lengths) * len(entries), unit="cell", position=0,
@@ -465,6 +469,19 @@ def _held(method: Method, source: ModelSource, folder: Path) -> tuple[Method, di
     return running, {name: digest(copy) for name, copy in copies.items()}, originals
 
 
+def learned_names(paths: dict[str, Path], source: ModelSource) -> dict[str, str]:
+    """How a report names each learned file of ``paths`` (`Method.artifacts`, by option name): one the model ships as
+    ``<model>/<its path in the model folder>`` (``testbed/duo_gates``), any other by its last path component; recorded
+    in each cell as ``learned_files``, so that a label says which file a method left at ``auto`` loaded."""
+    model_dir = Path(source.path).resolve() if source.path else None
+    names = {}
+    for option, path in paths.items():
+        path = Path(path).resolve()
+        inside = model_dir is not None and path.is_relative_to(model_dir)
+        names[option] = f"{source.label}/{path.relative_to(model_dir).as_posix()}" if inside else path.name
+    return names
+
+
 def _fingerprint(config: RunConfig, method: Method, artifacts: dict[str, str], model_files: str | None
                  ) -> dict[str, Any]:
     """What a cell's results depend on beyond its task, its data and its length (which `run` adds: ``task``, ``data``
@@ -512,6 +529,17 @@ def _distrust(cell: Cell, reason: str | None, strict: bool) -> None:
     cell.clear()
 
 
+def _check_distinct(names: list[str], folders: list[str]) -> None:
+    """Refuse methods ``names`` of which two have the same result folder ``folders`` (the same name twice, or two
+    names of one method, ``full,dense``, with the same options): the run would count one configuration twice."""
+    for i, folder in enumerate(folders):
+        if folder in folders[:i]:
+            first = names[folders.index(folder)]
+            also = "given twice" if first == names[i] else f"and {names[i]!r} name the same method"
+            raise ValueError(f"methods: {first!r} {also}, with the same options (result folder {folder}); give it "
+                             "once")
+
+
 def _check_placement_options(config: RunConfig) -> None:
     """Refuse ``tp`` and ``device_map`` where they cannot work with the run's other options (the model's heads and
     torchrun's processes are checked before the weights load, `elastic_bench.modeling.loading.check_placement`)."""
@@ -551,6 +579,7 @@ def _cell_config(inputs: _CellInputs, n: int) -> dict[str, Any]:
         "in_distribution": in_distribution(learned, inputs.task.identities),
         "allow_in_distribution": config.allow_in_distribution,
         "model_context": inputs.session.context,
+        "learned_files": inputs.session.learned.get(inputs.cell.method, {}),
         "fingerprint": fingerprint,
         **({"calibration": inputs.calibration} if inputs.calibration is not None else {}),
         **provenance(config.device),

@@ -15,12 +15,17 @@ from elastic_bench.results.store import ALLOWED, IN_DISTRIBUTION, Cell, in_distr
 
 UNKNOWN = "?"  # the mark of a cell whose method loaded a learned file that records no provenance
 
+# Not columns where they stand: the device and learned files feed `format_rows`' lines, the in-distribution mark is
+# a last column where any cell has one.
+HIDDEN = ("device", "learned_files", "in_distribution")
+
 
 def summary_row(cell: Cell) -> dict[str, Any]:
-    """One line of the run summary for ``cell``; ``device`` (where it ran) is kept for `format_rows`' CPU caveat and
-    not shown as a column; ``in_distribution`` is the cell's mark (``†``, ``‡`` where the run was
-    told to score it: `elastic_bench.results.store.in_distribution_mark`; ``?`` where a learned file records no
-    provenance; "" for a held-out cell)."""
+    """One line of the run summary for ``cell``; ``device`` (where it ran) and ``learned_files`` (the names of the
+    learned files its method loaded, by option) are kept for `format_rows` and not shown as columns;
+    ``in_distribution`` is the cell's mark (``†``, ``‡`` where the run was told to score it:
+    `elastic_bench.results.store.in_distribution_mark`; ``?`` where a learned file records no provenance; "" for a
+    held-out cell)."""
     metrics = cell.metrics() or {}
     marked = in_distribution_mark(metrics.get("in_distribution"), metrics.get("allow_in_distribution") is True) or (
         UNKNOWN if None in (metrics.get("artifact_provenance") or {}).values() else "")
@@ -31,20 +36,23 @@ def summary_row(cell: Cell) -> dict[str, Any]:
         "length": cell.length,
         "status": metrics.get("status", "missing"),
         "score": metrics.get("score"),
+        "n": metrics.get("num_samples"),
         "omega_msr": metrics.get("omega_msr"),
         "omega_esr": metrics.get("omega_esr"),
         "prefill_ms": 1000 * metrics["prefill_seconds"] if "prefill_seconds" in metrics else None,
         "device": metrics.get("device"),
         "in_distribution": marked,
+        "learned_files": metrics.get("learned_files") or {},
     }
 
 
 # Decimals per column of the terminal table: scores are 0-100, sparsities fractions.
 _DECIMALS = {"score": 1, "omega_msr": 3, "omega_esr": 3, "prefill_ms": 1}
 _HEADERS = {"omega_msr": "ΩMSR", "omega_esr": "ΩESR", "in_distribution": "in-dist"}
-LEGEND = ("score: the task's score (0-100); ΩMSR: share of (layer, KV head) pairs not attending in full; ΩESR: share "
-          "of causal (query, key) pairs skipped;\nprefill_ms: mean prefill of a cell's prompts timed alone. The "
-          "summary gives means over a method's complete cells, and the median of their prefill_ms.")
+LEGEND = ("score: the task's score (0-100) over n samples; ΩMSR: share of (layer, KV head) pairs not attending in "
+          "full;\nΩESR: share of causal (query, key) pairs skipped; prefill_ms: mean prefill of a cell's prompts timed "
+          "alone. The summary gives\nmeans over a method's complete cells, the samples behind them, and the median of "
+          "their prefill_ms.")
 IN_DISTRIBUTION_LEGEND = (f"in-dist: {IN_DISTRIBUTION} a learned file of the method was trained on the task's "
                           f"generator or dataset; {ALLOWED} the same, scored because the run was given "
                           f"--allow-in-distribution; {UNKNOWN} a learned file records no provenance (what it "
@@ -61,15 +69,25 @@ def format_rows(rows: list[dict[str, Any]], output: str | Path) -> str:
     if not rows:
         return "(no cells)"
     marked = any(r.get("in_distribution") for r in rows)
-    columns = [c for c in rows[0] if c not in ("device", "in_distribution")] + (["in_distribution"] if marked else [])
+    columns = [c for c in rows[0] if c not in HIDDEN] + (["in_distribution"] if marked else [])
     table = tabulate([[_format(c, r.get(c)) for c in columns] for r in rows],
                      headers=[_HEADERS.get(c, c) for c in columns], disable_numparse=True)
     summary = tabulate(_method_summary(rows), headers="keys", disable_numparse=True)
-    lines = [summary, "", table, "", LEGEND, *([IN_DISTRIBUTION_LEGEND] if marked else []),
+    lines = [summary, "", table, "", LEGEND, *([IN_DISTRIBUTION_LEGEND] if marked else []), *_learned_line(rows),
              f"results: {output} (full tables and frontiers: elastic-bench report {output})"]
     if any(str(r.get("device") or "").startswith("cpu") and r.get("prefill_ms") is not None for r in rows):
         lines.append(CPU_CAVEAT)
     return "\n".join(lines)
+
+
+def _learned_line(rows: list[dict[str, Any]]) -> list[str]:
+    """One line naming the learned files each method loaded (``duo_attention: pattern=testbed/duo_gates; ...``), none
+    where no method loaded any."""
+    found = {}
+    for r in rows:
+        if r.get("learned_files"):
+            found.setdefault(r["method"], ", ".join(f"{k}={v}" for k, v in r["learned_files"].items()))
+    return ["learned files: " + "; ".join(f"{method}: {files}" for method, files in found.items())] if found else []
 
 
 def _method_summary(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -83,8 +101,9 @@ def _method_summary(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
             "method": method,
             "complete": f"{len(complete)}/{len(mine)}",
             "failed": str(sum(r["status"] == "failed" for r in mine)),
-            **{_HEADERS.get(k, k): _format(k, _over(complete, k, statistics.fmean))
-               for k in ("score", "omega_msr", "omega_esr")},
+            "score": _format("score", _over(complete, "score", statistics.fmean)),
+            "n": str(sum(r["n"] or 0 for r in complete)),
+            **{_HEADERS[k]: _format(k, _over(complete, k, statistics.fmean)) for k in ("omega_msr", "omega_esr")},
             "prefill_ms (median)": _format("prefill_ms", _over(complete, "prefill_ms", statistics.median)),
         })
     return summary

@@ -5,9 +5,9 @@ types.
 - Help: the ``Attributes:`` (or ``Args:``) section of the class docstring, one ``name: text`` entry per field
   (``a, b: text`` documents several), continuation lines indented deeper.
 - Types: ``int``, ``float``, ``str``, ``bool``, ``Literal[...]`` (choices), ``X | None``, ``X | Y`` (the first that
-  takes the value, e.g. a number or a name), ``list[int]`` /
-  ``list[str]`` / ``tuple[...]`` (comma-separated; ints accept ``4K`` = 4096), ``dict[str, float]`` (``a=0.5,b=1``,
-  repeatable) and nested config dataclasses (their fields become options of their own).
+  takes the value, e.g. a number or a name), ``list[int]`` / ``list[str]`` / ``tuple[...]`` (comma-separated; ints
+  accept ``4K`` = 4096 and ``1M`` = 1024K), ``dict[str, float]`` (``a=0.5,b=1``, repeatable) and nested config
+  dataclasses (their fields become options of their own).
 - Flags: ``--field-name``; a bool that defaults to False is a switch, one that defaults to True has a ``--no-`` form.
 - ``-O METHOD.OPTION=VALUE`` values are text (`CommandLineText`), read by the option's declared type as its flag
   would be (``4K``, ``none``, ``true``/``false``), never as YAML: a path holding `` #`` stays that path.
@@ -35,11 +35,14 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal, Union
 
+TOKEN_UNITS = {"K": 1024, "M": 1024**2}
+
 
 def tokens(value: str) -> int:
-    """A token count: ``4096``, ``4K`` or ``4k`` (= 4096)."""
+    """A token count: ``4096``, ``4K`` or ``4k`` (= 4096), ``1M`` or ``1m`` (= 1,048,576)."""
     text = str(value).strip().upper()
-    return int(text[:-1]) * 1024 if text.endswith("K") else int(text)
+    unit = TOKEN_UNITS.get(text[-1:], 1)
+    return int(text[:-1]) * unit if unit > 1 else int(text)
 
 
 @cache
@@ -404,9 +407,14 @@ def check_at_least(flag: str, value: int | float | None, minimum: int) -> None:
 
 
 def check_lengths(flag: str, lengths: list[int]) -> None:
-    """Refuse an empty list of token lengths, or one holding a length below 1."""
+    """Refuse an empty list of token lengths, one holding a length below 1, or one giving a length twice (``1K,1024``:
+    a run would count its cells twice)."""
     if not lengths or any(length < 1 for length in lengths):
         raise ValueError(f"{flag} must be positive token counts, got {','.join(map(str, lengths)) or 'none'}")
+    twice = sorted({n for n in lengths if lengths.count(n) > 1})
+    if twice:
+        raise ValueError(f"{flag} gives {', '.join(map(str, twice))} tokens more than once (1K = 1024 tokens, 1M = "
+                         f"1024K); give each length once")
 
 
 def _file_above(path: Path) -> Path | None:

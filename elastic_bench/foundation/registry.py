@@ -27,11 +27,12 @@ class UnknownNameError(ValueError):
     """A user asked for a name that is not registered. The message names the closest valid ones."""
 
 
-def did_you_mean(kind: str, name: str, valid: list[str]) -> UnknownNameError:
-    """An `UnknownNameError` for ``name`` that names the closest of ``valid`` (and all of them when few)."""
+def did_you_mean(kind: str, name: str, valid: list[str], every: bool = False) -> UnknownNameError:
+    """An `UnknownNameError` for ``name`` that names the closest of ``valid`` (and all of them when few, or with
+    ``every``)."""
     close = difflib.get_close_matches(name, valid, n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
-    listing = f"(valid: {', '.join(valid)})" if len(valid) <= 12 else f"({len(valid)} valid {kind} names)"
+    listing = f"(valid: {', '.join(valid)})" if every or len(valid) <= 12 else f"({len(valid)} valid {kind} names)"
     return UnknownNameError(f"unknown {kind} {name!r}; {hint}{listing}")
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -221,12 +220,12 @@ def resolve_model(spec: str | ModelSource) -> ModelSource:
 
 
 HUB_ID = re.compile(r"(?!.*\.\.)[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")  # org/name, as the hub allows them
-HUB_TIMEOUT = 5.0  # seconds the hub has to answer before a hub model is looked up in the local cache only
 
 
 def _hub_access(source: ModelSource) -> dict[str, bool]:
     """The ``from_pretrained`` arguments that read a hub model's files: none when the hub answers; when it cannot be
-    used (``HF_HUB_OFFLINE`` is set, or no answer within ``HUB_TIMEOUT`` seconds), the local cache only, so that
+    used (`elastic_bench.results.digests.hub_unavailable`: ``HF_HUB_OFFLINE`` is set, or no quick answer), the local
+    cache only, so that
     transformers does not retry the network; none for a model that is not a hub id.
 
     Raises:
@@ -234,29 +233,17 @@ def _hub_access(source: ModelSource) -> dict[str, bool]:
     """
     if source.kind != "hub":
         return {}
-    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub import try_to_load_from_cache
 
-    offline = constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
-    why = "HF_HUB_OFFLINE is set" if offline else _hub_unreachable(constants.ENDPOINT)
+    from elastic_bench.results.digests import hub_unavailable
+
+    why = hub_unavailable()
     if why is None:
         return {}
     if isinstance(try_to_load_from_cache(source.path, "config.json"), str):
         return {"local_files_only": True}
     raise ValueError(f"hub model {source.spec} is not in the local Hugging Face cache and the hub cannot be used "
                      f"({why}): download it where the hub is reachable, or give a local folder")
-
-
-@lru_cache(maxsize=1)
-def _hub_unreachable(endpoint: str) -> str | None:
-    """Why the hub at ``endpoint`` does not answer within ``HUB_TIMEOUT`` seconds (one request, once per process),
-    or None when it does."""
-    from huggingface_hub.utils import get_session
-
-    try:
-        get_session().head(endpoint, timeout=HUB_TIMEOUT)
-    except Exception as err:  # noqa: BLE001  (no network, DNS, proxy, TLS: all mean "unreachable")
-        return f"{endpoint} did not answer: {type(err).__name__}"
-    return None
 
 
 # The files of a transformers folder that its weights, configuration and tokenizer load from (`model_digest`).
@@ -274,7 +261,7 @@ def model_digest(spec: str | ModelSource) -> str | None:
     Raises:
         ValueError: a hub model that the hub cannot serve and the local cache does not hold (`_hub_access`).
     """
-    from elastic_bench.results.digests import files_digest, hub_revision
+    from elastic_bench.results.digests import HUB_TIMEOUT, files_digest, hub_revision
 
     source = resolve_model(spec)
     if source.kind in ("tiny", "random"):
@@ -348,6 +335,14 @@ def load_model(spec: str | ModelSource, dtype: torch.dtype | None = None, device
         tensor_parallel.mark(model, tp, attention_modules(model))
     model.eval()
     return model, tokenizer
+
+
+def check_device_map(device_map: str | None) -> None:
+    """Refuse ``device_map="auto"`` on a machine without a GPU, where the command line would run it on the CPU without
+    a word (`load_model` itself accepts it: accelerate places every layer on the CPU)."""
+    if device_map is not None and not torch.cuda.is_available():
+        raise ValueError("--device-map auto spreads a model over this host's GPUs, and it has none "
+                         "(torch.cuda.is_available() is False): leave it out to run on the CPU")
 
 
 def check_placement(spec: str | ModelSource, tp: int = 1, device_map: str | None = None,

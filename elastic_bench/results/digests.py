@@ -19,6 +19,7 @@ No torch.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -119,6 +120,32 @@ def held_folder() -> Iterator[Path]:
             print(f"elastic-bench: removed {stale}, the learned files held by a run that was killed", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix=f"{HELD_PREFIX}{os.getpid()}-{host}.") as folder:
         yield Path(folder)
+
+
+HUB_TIMEOUT = 5.0  # seconds the hub has to answer before it is taken to be unreachable for the process
+
+
+def hub_unavailable() -> str | None:
+    """Why the Hugging Face hub cannot be used now, in a few words: ``HF_HUB_OFFLINE`` is set, or its endpoint did not
+    answer one request within `HUB_TIMEOUT` seconds (asked once per process); None when it answers. A caller then
+    reads the local cache only, instead of letting huggingface_hub retry the network for a minute."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
+        return "HF_HUB_OFFLINE is set"
+    return _hub_unreachable(constants.ENDPOINT)
+
+
+@functools.lru_cache(maxsize=1)
+def _hub_unreachable(endpoint: str) -> str | None:
+    """Why the hub at ``endpoint`` does not answer within `HUB_TIMEOUT` seconds (one request), or None when it does."""
+    from huggingface_hub.utils import get_session
+
+    try:
+        get_session().head(endpoint, timeout=HUB_TIMEOUT)
+    except Exception as err:  # noqa: BLE001  (no network, DNS, proxy, TLS: all mean "unreachable")
+        return f"{endpoint} did not answer: {type(err).__name__}"
+    return None
 
 
 def hub_revision(repo_id: str, repo_type: str, online: bool, timeout: float = 5.0) -> str | None:

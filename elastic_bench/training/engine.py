@@ -11,8 +11,9 @@ learning-rate schedule, the loss of each micro-batch, the log record) and calls 
   micro-batch's forward then its backward (`Objective.losses` yields one loss per micro-batch), under ``torchrun`` an
   all-reduce (sum) of the gradients of the replicated parameters (the backbone itself is sharded with FSDP2, `shard`),
   a gradient-norm clip, the optimizer step, the log record.
-- Checkpoints every `RunOptions.save_every` steps, at the last step and when `RunOptions.max_minutes` is up (the run
-  then stops; running it again resumes). A checkpoint is the training state as plain data, no Python objects: the
+- Checkpoints every `RunOptions.save_every` steps, every `RunOptions.save_minutes` of training (so a run killed before
+  its first step checkpoint loses minutes, not its log), at the last step and when `RunOptions.max_minutes` is up (the
+  run then stops; running it again resumes). A checkpoint is the training state as plain data, no Python objects: the
   trainable modules' state dicts and the optimizer's per-parameter tensors in ``train_state.safetensors``, everything
   else (step, trained seconds, the configuration fingerprint, the optimizer's param groups and scalar state) as JSON
   in the same file's header, so one atomic rename commits a checkpoint, and in ``train_state.json`` next to it for
@@ -88,6 +89,8 @@ class RunOptions:
         output: folder of the training state (``train_state.safetensors``, ``train_state.json``), the log
             (``train_log.jsonl``) and what the trainer exports; a run in a folder holding a state resumes from it.
         save_every: steps between checkpoints (one is also written at the last step and on the time limit).
+        save_minutes: minutes of training after which a checkpoint is written whatever the step (None: by steps
+            only), so that slow steps lose little when a run is killed.
         max_minutes: stop after this many minutes of training, after a checkpoint; the same command resumes.
         progress: show a progress bar.
         workers: data-loader worker processes that build the batches ahead of the loop (0: in the training process;
@@ -96,6 +99,7 @@ class RunOptions:
 
     output: str
     save_every: int = 50
+    save_minutes: float | None = 5.0
     max_minutes: float | None = None
     progress: bool = True
     workers: int | None = None
@@ -105,6 +109,8 @@ class RunOptions:
             raise ValueError(f"save_every must be >= 1, got {self.save_every}")
         if self.max_minutes is not None and self.max_minutes <= 0:
             raise ValueError(f"max_minutes must be > 0, got {self.max_minutes}")
+        if self.save_minutes is not None and self.save_minutes <= 0:
+            raise ValueError(f"save_minutes must be > 0, got {self.save_minutes}")
         if self.workers is not None and self.workers < 0:
             raise ValueError(f"workers must be >= 0, got {self.workers}")
         check_folder_output(self.output)
@@ -234,6 +240,7 @@ def fit(
     bar = tqdm(total=steps, initial=start, desc=desc, disable=not (options.progress and ranks.is_main),
                file=sys.stderr)
     began, done = time.monotonic(), start
+    saved = began  # when the last checkpoint was written (this run's start for the first)
 
     def elapsed() -> float:
         return seconds + time.monotonic() - began
@@ -265,10 +272,11 @@ def fit(
                 append_jsonl(output / LOG_FILE, json_safe(record))
                 bar.set_postfix_str(objective.postfix(record))
         stop = done < steps and _time_is_up(began, options.max_minutes, ranks)
-        if done % options.save_every == 0 or done == steps or stop:
+        if done % options.save_every == 0 or done == steps or stop or _save_is_due(saved, options.save_minutes):
             if ranks.is_main:
                 objective.save(done)
                 save_state(output, done, elapsed(), fingerprint, objective.modules, objective.optimizer)
+            saved = time.monotonic()
         if stop:
             break
     bar.close()
@@ -309,6 +317,12 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [json_safe(v) for v in value]
     return value
+
+
+def _save_is_due(saved: float, save_minutes: float | None) -> bool:
+    """Whether ``save_minutes`` have passed since the last checkpoint (``saved``, a `time.monotonic` reading). Only
+    rank 0 writes a checkpoint and no collective runs in it, so the ranks need not agree on this."""
+    return save_minutes is not None and time.monotonic() - saved >= 60 * save_minutes
 
 
 def _time_is_up(began: float, max_minutes: float | None, ranks: Ranks) -> bool:
