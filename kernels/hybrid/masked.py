@@ -54,7 +54,7 @@ def masked_hybrid_attention(
         ``[B, Hq, Lq, Dv]`` in ``q.dtype``. A query whose block-sparse row selects no visible key outputs zeros.
     """
     check_unchunked(plan)
-    B, Hq, Lq, _ = q.shape
+    B, Hq, Lq, D = q.shape
     H, Lk, Dv = k.shape[1], k.shape[2], v.shape[-1]
     G = Hq // H
     rows = _Rows.of(Lq, Lk, plan.block_size, q.device)
