@@ -119,8 +119,9 @@ RANDOM_PRESETS = {
                               num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16, head_dim=64,
                               kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64,
                               v_head_dim=128, n_routed_experts=64, num_experts_per_tok=6, n_shared_experts=2,
-                              n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.446, vocab_size=163840,
-                              rope_parameters=dict(rope_type="default", rope_theta=50000.0), tie_word_embeddings=False),
+                              n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.446,
+                              vocab_size=163840, rope_parameters=dict(rope_type="default", rope_theta=50000.0),
+                              tie_word_embeddings=False),
 }
 NAMED_MODELS = [*(f"tiny:{a}" for a in TINY_ARCHITECTURES), "testbed", *(f"random:{p}" for p in RANDOM_PRESETS)]
 
