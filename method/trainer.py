@@ -237,7 +237,7 @@ def _train(config: RouterTrainConfig, options: RunOptions, loaded: tuple[nn.Modu
     from elastic_bench.modeling.attention import apply
     from elastic_bench.modeling.loading import load_model
 
-    from .elastic import Elastic, model_layout
+    from .elastic import Elastic, layer_ids, model_layout, routed_layers
 
     if loaded is not None and ranks.world_size > 1:
         raise ValueError("a preloaded model cannot be trained under torchrun; pass the model spec in the config")
@@ -256,7 +256,8 @@ def _train(config: RouterTrainConfig, options: RunOptions, loaded: tuple[nn.Modu
     layers, kv_heads, head_dim = model_layout(model)
     gen = torch.Generator().manual_seed(config.seed)
     bank = RouterConfig(
-        layers, kv_heads, head_dim, base_model=config.model, hidden_mult=config.hidden_mult, pooling=config.pooling,
+        layers, kv_heads, head_dim, layer_ids=layer_ids(routed_layers(model)), base_model=config.model,
+        hidden_mult=config.hidden_mult, pooling=config.pooling,
         num_logits=2 if config.relaxation == "softmax" else 1, attention=config.attention,
         center_features=config.center_features,
     ).build()
@@ -318,7 +319,7 @@ class RouterObjective(Objective):
                  loss_model: LossModel, rows: list[PackedRow], categories: list[str], layout: tuple[int, int],
                  device: torch.device, ranks: Ranks):
         self.config, self.output, self.bank, self.lambdas, self.loss_model = config, output, bank, lambdas, loss_model
-        self.categories, self.layers, self.device, self.ranks = categories, layout[0], device, ranks
+        self.categories, self.device, self.ranks = categories, device, ranks
         self.modules = {"routers": bank, "lambdas": lambdas}
         self.optimizer = torch.optim.AdamW(
             [
@@ -354,7 +355,7 @@ class RouterObjective(Objective):
             route = TrainingRoute(tau, noise, row.prompt_lens, config.train_pooling)
             with autocast(self.device):
                 loss_sum, count = self.loss_model(*row_inputs(row, self.device), training_route=route)
-            omega = omega_msr(route.stacked(self.layers))
+            omega = omega_msr(route.stacked(self.bank.config.routed_layers))
             cats = row.categories.to(self.device)
             lm = loss_sum / count.clamp(min=1)
             penalty = sparsity_penalty(omega, cats, self.targets, self.lambdas, config.penalty, config.t_interval)
@@ -448,7 +449,7 @@ def feature_means(model: nn.Module, bank, rows: list[PackedRow], num_categories:
 
         def prefill_plan(self, call):
             pooled = bank[call.layer_idx].pool(call.pre_rope_keys).double().cpu()  # [1, H, D]
-            sums[current["cat"][call.sample_ids[0]], call.layer_idx] += pooled[0]
+            sums[current["cat"][call.sample_ids[0]], bank.position[call.layer_idx]] += pooled[0]
             full = torch.ones(call.batch_size, call.num_kv_heads, dtype=torch.bool, device=call.query.device)
             return bank.config.attention.plan(full, call.query, call.key)
 

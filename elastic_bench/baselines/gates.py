@@ -8,7 +8,9 @@ streaming KV heads.
 - PruLong ("Cache Me If You Can", https://arxiv.org/abs/2506.17121): a gate file in the same layout (0/1 masks, or
   gates binarised by the same quantile rule), streaming heads with sink 128 + window 1024.
 
-The gates are data files: a ``head_gates.tsv`` inside the model directory (the testbed ships one, from head
+A gate file has one row per layer a method plans (`elastic_bench.modeling.attention.attention_modules`: the full
+softmax layers, in order; a hybrid model's sliding-window and linear-attention layers have none). The gates are data
+files: a ``head_gates.tsv`` inside the model directory (the testbed ships one, from head
 ablation), or the shipped DuoAttention patterns (Llama-3.1-8B-Instruct, Mistral-7B-Instruct-v0.2, MIT licence, see
 ``data/duo_attention_patterns/NOTICE.md``) found by model name; any other model needs ``pattern=<dir or tsv>``.
 
@@ -187,7 +189,8 @@ class HeadGates(Method):
         if gates.shape != expected:
             raise ValueError(
                 f"head gates in {path} are {gates.shape[0]} layers × {gates.shape[1]} KV heads; "
-                f"the model has {expected[0]} layers × {expected[1]} KV heads"
+                f"the model has {expected[0]} full-attention layers × {expected[1]} KV heads (one gate row per "
+                "layer a method plans; sliding-window and linear-attention layers have none)"
             )
         retrieval = binarize(gates, self.sparsity, self.seed)
         self._modes = torch.from_numpy(np.where(retrieval, int(Mode.FULL), int(Mode.STREAMING)).astype(np.uint8))

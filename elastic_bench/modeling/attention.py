@@ -12,8 +12,8 @@ Design decisions:
 - The registered mask function passes the 2-D padding mask through (or None); causality and sparsity live in the
   kernel. Left-padded rows and packed sequences (``cu_seq_lens_q/k`` kwargs, batch 1) are planned and computed one
   sample at a time, so each prompt is routed on its own tokens.
-- Pre-RoPE keys (the Elastic router's input) are captured by forward hooks on ``k_norm`` (Qwen3) or ``k_proj``, or for
-  MLA on ``kv_b_proj`` and ``kv_a_proj_with_mqa`` (each head's decompressed key before its rotary part turns), only
+- Pre-RoPE keys (the Elastic router's input) are captured by forward hooks on ``k_proj`` (then its ``k_norm`` where
+  the model has one: Qwen3, Gemma 3), or for MLA on ``kv_b_proj`` and ``kv_a_proj_with_mqa`` (each head's decompressed key before its rotary part turns), only
   for methods that ask for them.
 - The active handle is attached to each attention module for the duration of `apply`; nothing is global.
 - Decoding: inside `apply`, a forward that starts with an empty `DynamicCache` (what ``generate`` and the harness
@@ -350,12 +350,12 @@ def _pieces(query, key, mask, kwargs) -> list[tuple[int, int, slice, slice]] | N
 
 
 def _capture_keys(module: nn.Module, head_dim: int, name: str = _KEYS, width: slice | None = None):
-    """A forward hook that keeps its output ``[B, L, H·head_dim]`` (or ``[B, L, H, head_dim]``) as ``[B, H, L,
-    head_dim]`` keys on ``module`` under ``name``; ``width``: the columns of each head to keep."""
+    """A forward hook that keeps its output ``[B, L, H·head_dim]`` (or ``[B, 1, L, H·head_dim]``: MLA's latent) as
+    ``[B, H, L, head_dim]`` keys on ``module`` under ``name``; ``width``: the columns of each head to keep."""
 
     def hook(_, __, output: torch.Tensor) -> None:
-        B, L = output.shape[:2]
-        keys = output.detach().view(B, L, -1, head_dim).transpose(1, 2)  # this rank's KV heads under tensor parallelism
+        B, L = output.shape[0], output.shape[-2]
+        keys = output.detach().reshape(B, L, -1, head_dim).transpose(1, 2)  # this rank's KV heads under tensor parallelism
         setattr(module, name, keys if width is None else keys[..., width])
 
     return hook
@@ -365,25 +365,32 @@ _ROPE_KEYS = "_elastic_bench_pre_rope_shared_keys"  # MLA: the RoPE part of the 
 
 
 def _key_hooks(module: nn.Module) -> list[tuple[nn.Module, Any]]:
-    """(source module, forward hook) pairs that capture ``module``'s pre-RoPE keys: ``k_norm`` or ``k_proj``; for MLA
-    each head's no-RoPE key from ``kv_b_proj`` and the shared RoPE part from ``kv_a_proj_with_mqa``, before rotation
-    (joined by `_pre_rope_keys`)."""
+    """(source module, forward hook) pairs that capture ``module``'s pre-RoPE keys: the output of ``k_proj`` (its
+    ``k_norm``, where it has one, applied by `_pre_rope_keys`: a norm over each head's vector, whatever order of axes
+    the model calls it in); for MLA each head's no-RoPE key from ``kv_b_proj`` and the shared RoPE part from
+    ``kv_a_proj_with_mqa``, before rotation."""
     if hasattr(module, "kv_b_proj"):
         nope, rope = module.qk_nope_head_dim, module.qk_rope_head_dim
         return [(module.kv_b_proj, _capture_keys(module, nope + module.v_head_dim, width=slice(0, nope))),
                 (module.kv_a_proj_with_mqa, _capture_keys(module, module.kv_lora_rank + rope, _ROPE_KEYS,
                                                           slice(module.kv_lora_rank, None)))]
-    source = module.k_norm if hasattr(module, "k_norm") else module.k_proj
-    return [(source, _capture_keys(module, module.head_dim))]
+    return [(module.k_proj, _capture_keys(module, module.head_dim))]
 
 
 def _pre_rope_keys(module: nn.Module) -> torch.Tensor | None:
-    """``[B, H, L, D]`` pre-RoPE keys captured by `_key_hooks` (MLA: the no-RoPE part, then the shared RoPE part)."""
+    """``[B, H, L, D]`` pre-RoPE keys of the call's L tokens captured by `_key_hooks`: after ``k_norm`` where the
+    module has one; for MLA the no-RoPE part, then the RoPE part shared by the heads."""
     keys = getattr(module, _KEYS, None)
+    if keys is None:
+        return None
+    if hasattr(module, "k_norm"):
+        with torch.no_grad():
+            return module.k_norm(keys)
     shared = getattr(module, _ROPE_KEYS, None)
-    if keys is None or shared is None:
+    if shared is None:
         return keys
-    return torch.cat([keys, shared.expand(-1, keys.shape[1], -1, -1)], dim=-1)
+    current = keys[:, :, keys.shape[2] - shared.shape[2]:]  # kv_b_proj decompresses the cached tokens too
+    return torch.cat([current, shared.expand(-1, keys.shape[1], -1, -1)], dim=-1)
 
 
 @contextmanager

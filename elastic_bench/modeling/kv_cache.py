@@ -397,6 +397,10 @@ class PackedCache(Cache):
         (`PackedLayer.add_sample`)."""
         if not self.row_slots:
             raise ValueError("add_sample fills a static packed cache (row_slots and rows)")
+        if not all(isinstance(layer, PackedLayer) and layer.packed is not None for layer in source.layers):
+            raise ValueError("a static packed cache (decode graphs) takes prompts whose every layer is packed; this "
+                             "model has layers that are not (linear attention, MLA or learned sinks): run it without "
+                             "decode graphs")
         while len(self.layers) < len(source.layers):
             self.layers.append(self.layer_class_to_replicate())
         for mine, theirs in zip(self.layers, source.layers):
