@@ -189,8 +189,8 @@ class HeadGates(Method):
         if gates.shape != expected:
             raise ValueError(
                 f"head gates in {path} are {gates.shape[0]} layers × {gates.shape[1]} KV heads; "
-                f"the model has {expected[0]} full-attention layers × {expected[1]} KV heads (one gate row per "
-                "layer a method plans; sliding-window and linear-attention layers have none)"
+                f"the model has {expected[0]} layers × {expected[1]} KV heads (one gate row per full-attention "
+                "layer; sliding-window and linear-attention layers have none)"
             )
         retrieval = binarize(gates, self.sparsity, self.seed)
         self._modes = torch.from_numpy(np.where(retrieval, int(Mode.FULL), int(Mode.STREAMING)).astype(np.uint8))
