@@ -55,7 +55,8 @@ class Config:
     (`CellResult`); ``cells`` maps each comparable (task, length) to its cell; ``score`` (percent), ``omega_msr``,
     ``omega_esr``, ``prefill_seconds`` and ``samples_per_second`` (the batched prompts' throughput, NaN where a cell
     ran none) are means over them; ``score_interval`` is the mean score's 95% interval over the cells' per-sample
-    scores; ``speedup`` is against ``full`` of the same run and model (None without it), from prefill times alone.
+    scores; ``speedup`` is against ``full`` of the same run and model (None without it), from prefill times alone;
+    ``ceiling`` the mean of its cells' FLOPs ceilings (`CellResult.ceiling`), shown beside the speedup.
     """
 
     run: str
@@ -73,6 +74,7 @@ class Config:
     samples_per_second: float = math.nan
     score_interval: Interval | None = None
     speedup: float | None = None
+    ceiling: float = math.nan
 
     @property
     def devices(self) -> list[str]:
@@ -239,6 +241,7 @@ def _comparison(title: str, cells: list[CellResult], labels: dict[tuple[str, str
             omega_esr=_mean([c.omega_esr for c in used.values()]),
             prefill_seconds=_mean([c.prefill_seconds for c in used.values()]),
             samples_per_second=_mean([c.samples_per_second for c in used.values()]),
+            ceiling=_mean([c.ceiling for c in used.values()]),
             score_interval=mean_interval([np.array([s.score for s in c.samples]) for c in used.values()]),
         ))
     for config in configs:

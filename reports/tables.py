@@ -103,8 +103,9 @@ def _labels(comparison: Comparison) -> list[str]:
 
 
 def overview(comparison: Comparison) -> Table:
-    """Mean score, ΩMSR, ΩESR, median prefill (prompts timed alone), speedup, the batched prompts' throughput where
-    a cell ran batches, and frontier membership per configuration."""
+    """Mean score, ΩMSR, ΩESR, median prefill (prompts timed alone), speedup beside its FLOPs ceiling (the model's
+    Amdahl bound for the method's plans), the batched prompts' throughput where a cell ran batches, and frontier
+    membership per configuration."""
     on_front = {f.axis: set(f.labels) for f in comparison.frontiers}
     speedups = any(c.speedup is not None for c in comparison.configs)
     batched = any(math.isfinite(c.samples_per_second) for c in comparison.configs)
@@ -114,6 +115,7 @@ def overview(comparison: Comparison) -> Table:
         if speedups:
             row[f"× {BASELINE}"] = "–" if c.speedup is None else FORMATS["speedup"].format(c.speedup) + (
                 " *" if comparison.speedup_note else "")
+            row["ceiling"] = c.ceiling
         if batched:
             row |= {"samples/s (batched)": c.samples_per_second,
                     "batch": ", ".join(map(str, c.batch_sizes)) or "–"}
@@ -124,8 +126,8 @@ def overview(comparison: Comparison) -> Table:
     frame = pd.DataFrame.from_dict(rows, orient="index").rename_axis("configuration")
     return Table("overview", "Scores (mean over the comparable cells) and sparsity", frame,
                  kinds={"ΩMSR": "sparsity", "ΩESR": "sparsity", "prefill s (median)": "seconds",
-                        f"× {BASELINE}": "text", "samples/s (batched)": "throughput", "batch": "text",
-                        "backend": "text", "device": "text", "on frontier": "text"},
+                        f"× {BASELINE}": "text", "ceiling": "speedup", "samples/s (batched)": "throughput",
+                        "batch": "text", "backend": "text", "device": "text", "on frontier": "text"},
                  note=" ".join(note for note in (
                      f"* {comparison.speedup_note}" if speedups and comparison.speedup_note else "",
                      BATCHED_NOTE if batched else "") if note))

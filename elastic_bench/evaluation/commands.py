@@ -298,7 +298,9 @@ def _list_methods(command: Command, args: argparse.Namespace) -> int:
         if knobs[name]:
             print("\n".join(aligned(knobs[name], indent=4, widths=knob_widths)))
     note = ("Set an option with elastic-bench run -O METHOD.OPTION=VALUE (e.g. -O streaming.local=256); values are "
-            "read as YAML scalars (null, true, 0.5, text).")
+            "read as YAML scalars (null, true, 0.5, text). Every method plans a model's full softmax-attention layers "
+            "(MLA's included): a sliding-window layer keeps the model's own window and a linear-attention layer has "
+            "no attention to plan (a cell records them as layer_kinds and routed_layers; docs/architectures.md).")
     print("\n" + textwrap.fill(note, _width()))
     return 0
 
