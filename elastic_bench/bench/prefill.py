@@ -640,7 +640,8 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(
             f"{r['length']:>7} {r['method']:14} {r['median_s']:>9.4f} {r['mean_s']:>9.4f} "
             f"{cell('speedup_vs_full', '.2f'):>6} {cell('ceiling', '.2f'):>6} "
-            f"{cell('fraction_of_ideal', '.0f', 100):>6} {cell('omega_msr', '.3f'):>5} {cell('omega_esr', '.3f'):>5} {cell('routing_seconds', '.4f'):>8} "
+            f"{cell('fraction_of_ideal', '.0f', 100):>6} {cell('omega_msr', '.3f'):>5} {cell('omega_esr', '.3f'):>5} "
+            f"{cell('routing_seconds', '.4f'):>8} "
             f"{cell('routing_fraction', '.1f', 100):>6} {_backend_label(r):14} {cell('peak_gib', '.1f'):>6}  "
             + ", ".join(notes)
         )

@@ -13,8 +13,8 @@ Design decisions:
   kernel. Left-padded rows and packed sequences (``cu_seq_lens_q/k`` kwargs, batch 1) are planned and computed one
   sample at a time, so each prompt is routed on its own tokens.
 - Pre-RoPE keys (the Elastic router's input) are captured by forward hooks on ``k_proj`` (then its ``k_norm`` where
-  the model has one: Qwen3, Gemma 3), or for MLA on ``kv_b_proj`` and ``kv_a_proj_with_mqa`` (each head's decompressed key before its rotary part turns), only
-  for methods that ask for them.
+  the model has one: Qwen3, Gemma 3), or for MLA on ``kv_b_proj`` and ``kv_a_proj_with_mqa`` (each head's
+  decompressed key before its rotary part turns), only for methods that ask for them.
 - The active handle is attached to each attention module for the duration of `apply`; nothing is global.
 - Decoding: inside `apply`, a forward that starts with an empty `DynamicCache` (what ``generate`` and the harness
   pass) gets a `PackedCache` instead (``kv_cache="evicting"`` or ``"full"``). Each layer is packed by the method's
@@ -355,7 +355,7 @@ def _capture_keys(module: nn.Module, head_dim: int, name: str = _KEYS, width: sl
 
     def hook(_, __, output: torch.Tensor) -> None:
         B, L = output.shape[0], output.shape[-2]
-        keys = output.detach().reshape(B, L, -1, head_dim).transpose(1, 2)  # this rank's KV heads under tensor parallelism
+        keys = output.detach().reshape(B, L, -1, head_dim).transpose(1, 2)  # this rank's KV heads under TP
         setattr(module, name, keys if width is None else keys[..., width])
 
     return hook
