@@ -235,6 +235,7 @@ def train(
 def _train(config: RouterTrainConfig, options: RunOptions, loaded: tuple[nn.Module, Any] | None,
            ranks: Ranks) -> TrainResult:
     from elastic_bench.modeling.attention import apply
+    from elastic_bench.modeling.layer_kinds import layer_kinds
     from elastic_bench.modeling.loading import load_model
 
     from .elastic import Elastic, layer_ids, model_layout, routed_layers
@@ -252,7 +253,8 @@ def _train(config: RouterTrainConfig, options: RunOptions, loaded: tuple[nn.Modu
     if config.gradient_checkpointing:
         enable_gradient_checkpointing(model)
 
-    categories, rows, eval_rows = _data(config, tokenizer, options.progress and ranks.is_main)
+    recurrent = any(kind.kind == "linear" for kind in layer_kinds(model.config))
+    categories, rows, eval_rows = _data(config, tokenizer, options.progress and ranks.is_main, alone=recurrent)
     layers, kv_heads, head_dim = model_layout(model)
     gen = torch.Generator().manual_seed(config.seed)
     bank = RouterConfig(
@@ -491,7 +493,10 @@ def evaluate_routing(handle, loss_model: LossModel, rows: list[PackedRow], categ
 # ---- data ----------------------------------------------------------------------------------------------------------
 
 
-def _data(config: RouterTrainConfig, tokenizer, progress: bool) -> tuple[list[str], list[PackedRow], list[PackedRow]]:
+def _data(config: RouterTrainConfig, tokenizer, progress: bool, alone: bool = False
+          ) -> tuple[list[str], list[PackedRow], list[PackedRow]]:
+    """The categories, the training rows and the evaluation rows (prompts only); ``alone``: one sample per row (a model
+    with linear-attention layers, whose recurrence would run on across packed samples)."""
     if config.data in ("records", "synthetic"):
         records = (model_records(config, tokenizer, progress) if config.data == "records" else
                    synthetic_records(config.synthetic_samples, config.synthetic_length, config.seed))
@@ -504,12 +509,19 @@ def _data(config: RouterTrainConfig, tokenizer, progress: bool) -> tuple[list[st
     samples = tokenize_examples(examples, tokenizer, categories, max_tokens, progress, truncate=not drop)
     if drop:
         samples = in_range(samples, config.min_tokens, max_tokens, categories)
-    rows = pack(samples, config.pack_tokens, config.loss_tokens)
+    rows = _packed(samples, config, alone)
     picked: list = []
     for index in range(len(categories)):
         picked += spread([s for s in samples if s.category == index], config.eval_samples)
     prompts = [dataclasses.replace(s, input_ids=s.input_ids[: s.prompt_len]) for s in picked]
-    return categories, rows, pack(prompts, config.pack_tokens, config.loss_tokens)
+    return categories, rows, _packed(prompts, config, alone)
+
+
+def _packed(samples: list, config: RouterTrainConfig, alone: bool) -> list[PackedRow]:
+    """``samples`` packed into rows of ``pack_tokens`` (`pack`), or each in a row of its own (``alone``)."""
+    if alone:
+        return [row for s in samples for row in pack([s], config.pack_tokens, config.loss_tokens)]
+    return pack(samples, config.pack_tokens, config.loss_tokens)
 
 
 def spread(items: list, count: int) -> list:
