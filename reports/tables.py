@@ -108,6 +108,7 @@ def overview(comparison: Comparison) -> Table:
     membership per configuration."""
     on_front = {f.axis: set(f.labels) for f in comparison.frontiers}
     speedups = any(c.speedup is not None for c in comparison.configs)
+    ceilings = speedups and any(math.isfinite(c.ceiling) for c in comparison.configs)  # cells that record one
     batched = any(math.isfinite(c.samples_per_second) for c in comparison.configs)
     rows = {}
     for c in comparison.configs:
@@ -115,7 +116,8 @@ def overview(comparison: Comparison) -> Table:
         if speedups:
             row[f"× {BASELINE}"] = "–" if c.speedup is None else FORMATS["speedup"].format(c.speedup) + (
                 " *" if comparison.speedup_note else "")
-            row["ceiling"] = c.ceiling
+            if ceilings:
+                row["ceiling"] = c.ceiling
         if batched:
             row |= {"samples/s (batched)": c.samples_per_second,
                     "batch": ", ".join(map(str, c.batch_sizes)) or "–"}

@@ -378,6 +378,8 @@ def test_a_router_checkpoint_for_other_layers_is_refused_naming_both(families, t
 @pytest.mark.parametrize("family", LAYOUTS)
 def test_run_completes_every_method_and_records_the_layers_and_the_ceiling(family, tmp_path, families, monkeypatch):
     from elastic_bench.evaluation.runner import RunConfig, run
+    from elastic_bench.reports import load_cells, summarize
+    from elastic_bench.reports.tables import overview
     from elastic_bench.results.store import Cell
     from elastic_bench.tasks.ruler import FrequentWords
 
@@ -391,8 +393,14 @@ def test_run_completes_every_method_and_records_the_layers_and_the_ceiling(famil
     rows = run(config)
     assert [r["status"] for r in rows] == ["complete"] * len(METHODS)
     kinds = layer_kinds(model.config)
+    ceilings = {}
     for method in {r["method"] for r in rows}:
         metrics = Cell(config.output, f"tiny-{family}", method, "ruler_fwe", 512).metrics()
         assert metrics["routed_layers"] == [i for i, k in enumerate(kinds) if k.routable]
         assert sum(len(v) for k, v in metrics["layer_kinds"].items() if k != "sliding_window") == len(kinds)
         assert metrics["ceiling"] >= 1.0 and 0.0 <= metrics["omega_esr_model"] < 1.0
+        ceilings[method] = metrics["ceiling"]
+    (comparison,) = summarize(load_cells(config.output))
+    shown = overview(comparison).frame["ceiling"]  # the report's column beside the speedup
+    assert {label: shown[label] for label in shown.index} == pytest.approx(
+        {c.label: ceilings[c.method] for c in comparison.configs})
