@@ -18,7 +18,7 @@ from elastic_bench.kernels.hybrid import _BACKENDS, naive, register_backend
 from elastic_bench.modeling import generation
 from elastic_bench.modeling.attention import attention_modules, softmax_modules
 from elastic_bench.modeling.cost import CostModel, active_expert_share
-from elastic_bench.modeling.kv_cache import PackedCache
+from elastic_bench.modeling.kv_cache import PackedCache, cache_keyword, returned_cache
 from elastic_bench.modeling.layer_kinds import LayerKind, layer_kinds
 from elastic_bench.modeling.loading import TINY_FAMILIES, load_model
 
@@ -286,9 +286,10 @@ def test_decode_graphs_refuse_a_model_whose_layers_are_not_all_packed(families):
     model, tokenizer = families("qwen3_next")
     (prompt,) = prompts(tokenizer, (80,))
     with torch.no_grad(), apply(get_method("full"), model):
-        out = model(input_ids=torch.tensor([prompt]), cache=generation.empty_cache(model), use_cache=True)
+        out = model(input_ids=torch.tensor([prompt]), use_cache=True,
+                    **{cache_keyword(model): generation.empty_cache(model)})
     with pytest.raises(ValueError, match="every layer is packed; this model has layers that are not"):
-        PackedCache(row_slots=128, rows=2).add_sample(out.cache if "cache" in out else out.past_key_values)
+        PackedCache(row_slots=128, rows=2).add_sample(returned_cache(out))
 
 
 # ---- the cost model -------------------------------------------------------------------------------------------------
