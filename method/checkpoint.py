@@ -85,7 +85,12 @@ class RouterConfig:
         return RouterBank(self)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format_version": FORMAT_VERSION, **asdict(self), "attention": self.attention.to_dict()}
+        """The config as ``router_config.json`` holds it; ``layer_ids`` only where set (a file of routers over every
+        layer reads as before)."""
+        data = {"format_version": FORMAT_VERSION, **asdict(self), "attention": self.attention.to_dict()}
+        if self.layer_ids is None:
+            del data["layer_ids"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RouterConfig:
