@@ -9,10 +9,11 @@ computes (ΩMSR, ΩESR).
 
 from .hybrid import available_backends, backend_names, hybrid_attention, register_backend, resolve_backend
 from .plan import BlockSelection, HeadPlan, Mode, StreamingGeometry
-from .sparsity import PairCounts, SparsityMeter, causal_pairs, pair_counts, sample_means
+from .sparsity import STATISTICS, PairCounts, SparsityMeter, causal_pairs, pair_counts, sample_means
 from .xattention import xattention_select
 
 __all__ = [
+    "STATISTICS",
     "BlockSelection",
     "HeadPlan",
     "Mode",

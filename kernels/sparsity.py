@@ -5,9 +5,17 @@ Definitions (Elastic Attention, https://arxiv.org/abs/2601.17367, Def. 2.1, Eq. 
 - ``A(h)`` is the number of causal pairs a head computes (for a KV head whose G query heads have different block
   masks, the mean over those query heads); ``C`` the number of causal pairs, ``C = Σ_i (p_i + 1)`` with
   ``p_i = Lk - Lq + i``; a head's pruning ratio is ``ρ(h) = 1 - A(h)/C``.
-- ΩMSR: the fraction of (layer, KV head) pairs whose mode is not FULL.
-- ΩESR: the mean of ``ρ`` over (layer, KV head); prefill chunks of one sample are summed before the ratio.
-  ``omega_esr_last_row`` is the variant of the paper's figures, the pruning seen by the last query only.
+- ΩMSR: the fraction of the routed (layer, KV head) pairs whose mode is not FULL: the layers a method plans (full
+  softmax attention), not those the model itself restricts (a sliding-window layer, recorded as the model's own).
+- ΩESR: the mean of the method's ``ρ`` over the (layer, KV head) pairs of every softmax layer, a layer of the model's
+  own pattern counting 0; prefill chunks of one sample are summed before the ratio. ``omega_esr_model`` is the same
+  mean of the pairs the model itself skips (its sliding windows), so the two add up to the share of causal pairs not
+  computed, the method's shown apart from the model's. ``omega_esr_last_row`` is the variant of the paper's figures,
+  the method's pruning seen by the last query only. Layers without softmax attention (linear / recurrent) call no
+  attention and are not counted.
+- Attention FLOPs: each layer's attended pairs weighted by its FLOPs per pair (``pair_flops``, which the caller
+  knows: ``2·(D_qk + D_v)`` per query head); ``attention_share`` is the method's attention FLOPs over those of the
+  model's own pattern with every routed layer dense (1 for full attention), ``attention_flops_full`` the latter.
 - A chunked-prefill streaming geometry counts what the chunked prefill computes: its dense first chunk, then per chunk
   the sink, the keys kept before the chunk and the causal part of the chunk (`streaming_pairs`).
 Decode steps are not counted: the measures describe the prefill.
@@ -32,12 +40,14 @@ class PairCounts:
         causal: causal pairs ``C`` of the call.
         attended_last: float64 ``[B, H]``: keys seen by the last query (for ``esr_mode="last_row"``).
         causal_last: keys visible to the last query under dense causal attention (``Lk``).
+        queries: the call's queries (``Lq``).
     """
 
     attended: torch.Tensor
     causal: int
     attended_last: torch.Tensor
     causal_last: int
+    queries: int = 0
 
 
 def causal_pairs(q_len: int, k_len: int) -> int:
@@ -102,7 +112,7 @@ def pair_counts(plan: HeadPlan, q_len: int, k_len: int, num_query_heads: int) ->
         is_sparse = modes == Mode.BLOCK_SPARSE
         attended = torch.where(is_sparse, sparse.view(B, H, G).mean(-1), attended)
         attended_last = torch.where(is_sparse, sparse_last.view(B, H, G).mean(-1), attended_last)
-    return PairCounts(attended, total, attended_last, k_len)
+    return PairCounts(attended, total, attended_last, k_len, q_len)
 
 
 @dataclass
@@ -112,6 +122,9 @@ class _LayerTally:
     causal: int
     attended_last: torch.Tensor  # [H] of the latest call
     causal_last: int
+    tokens: int  # queries, summed over chunks
+    own: bool = False  # the model's own pattern (a sliding-window layer), not the method's plan
+    pair_flops: float = 1.0  # FLOPs of one causal pair of one KV head (its query heads together)
 
 
 @dataclass
@@ -130,8 +143,11 @@ class SparsityMeter:
         """Mark the start of a model forward; the next prefill call opens new samples."""
         self._pending_forward = True
 
-    def record(self, layer_idx: int, phase: str, sample_ids: list[int], plan: HeadPlan, counts: PairCounts) -> None:
-        """Record one layer's plan for the given samples of the current forward (rows of ``plan``)."""
+    def record(self, layer_idx: int, phase: str, sample_ids: list[int], plan: HeadPlan, counts: PairCounts,
+               own: bool = False, pair_flops: float = 1.0) -> None:
+        """Record one layer's plan for the given samples of the current forward (rows of ``plan``); ``own``: the plan
+        is the model's own pattern (a sliding window), not the method's; ``pair_flops``: FLOPs of one causal pair of
+        one KV head."""
         if phase == "decode":
             return
         if phase == "prefill" and self._pending_forward:
@@ -143,43 +159,60 @@ class SparsityMeter:
             tally = self.samples[index].get(layer_idx)
             if tally is None or phase == "prefill":
                 self.samples[index][layer_idx] = _LayerTally(
-                    plan.modes[row], counts.attended[row], counts.causal, counts.attended_last[row], counts.causal_last
+                    plan.modes[row], counts.attended[row], counts.causal, counts.attended_last[row], counts.causal_last,
+                    counts.queries, own, pair_flops,
                 )
             else:  # a later prefill chunk of the same sample
                 tally.modes = plan.modes[row]
                 tally.attended = tally.attended + counts.attended[row]
                 tally.causal += counts.causal
+                tally.tokens += counts.queries
                 tally.attended_last, tally.causal_last = counts.attended_last[row], counts.causal_last
 
     def decisions(self) -> torch.Tensor:
-        """Modes ``[N, L, H]`` (uint8) of the N samples recorded since the last reset."""
+        """Modes ``[N, L, H]`` (uint8) of the N samples recorded since the last reset, over the L routed layers (the
+        model's own patterns left out)."""
         if not self.samples:
             return torch.empty(0, 0, 0, dtype=torch.uint8)
-        return torch.stack([torch.stack([s[i].modes.cpu() for i in sorted(s)]) for s in self.samples])
+        return torch.stack([torch.stack([s[i].modes.cpu() for i in sorted(s) if not s[i].own]) for s in self.samples])
+
+    def routed_layers(self) -> list[int]:
+        """The ``layer_idx`` of the routed layers of the recorded samples, in order (the layers of `decisions`)."""
+        return sorted({i for s in self.samples for i, t in s.items() if not t.own})
 
     def per_sample(self) -> list[dict[str, float]]:
-        """ΩMSR, ΩESR and last-row ΩESR of every recorded sample."""
+        """Per recorded sample: ΩMSR (routed layers), ΩESR, last-row ΩESR and ``omega_esr_model`` (every softmax
+        layer), ``attention_share``, and ``attention_flops_full`` and ``tokens`` (the prompt's), for a cost model."""
         result = []
         for sample in self.samples:
             layers = [sample[i] for i in sorted(sample)]
-            modes = torch.stack([t.modes.cpu() for t in layers])
-            attended = torch.stack([t.attended.cpu() for t in layers])
-            causal = torch.tensor([float(t.causal) for t in layers], dtype=torch.float64)
-            last = torch.stack([t.attended_last.cpu() for t in layers])
-            causal_last = torch.tensor([float(t.causal_last) for t in layers], dtype=torch.float64)
+            modes = torch.cat([t.modes.cpu() for t in layers if not t.own])
+            skipped = [1 - t.attended.cpu() / t.causal for t in layers]  # [H] per layer
+            last = [1 - t.attended_last.cpu() / t.causal_last for t in layers]
+            method = torch.cat([torch.zeros_like(r) if t.own else r for r, t in zip(skipped, layers)])
+            model = torch.cat([r if t.own else torch.zeros_like(r) for r, t in zip(skipped, layers)])
+            method_last = torch.cat([torch.zeros_like(r) if t.own else r for r, t in zip(last, layers)])
+            flops = sum(t.pair_flops * float(t.attended.sum()) for t in layers)
+            full = sum(t.pair_flops * (float(t.attended.sum()) if t.own else t.causal * len(t.attended))
+                       for t in layers)
             result.append(
                 {
-                    "omega_msr": float((modes != Mode.FULL).double().mean()),
-                    "omega_esr": float((1 - attended / causal[:, None]).mean()),
-                    "omega_esr_last_row": float((1 - last / causal_last[:, None]).mean()),
+                    "omega_msr": float((modes != Mode.FULL).double().mean()) if len(modes) else float("nan"),
+                    "omega_esr": float(method.double().mean()),
+                    "omega_esr_last_row": float(method_last.double().mean()),
+                    "omega_esr_model": float(model.double().mean()),
+                    "attention_share": flops / full if full else 1.0,
+                    "attention_flops_full": full,
+                    "tokens": layers[0].tokens,
                 }
             )
         return result
 
 
-STATISTICS = ("omega_msr", "omega_esr", "omega_esr_last_row")  # the values of each `SparsityMeter.per_sample` entry
+STATISTICS = ("omega_msr", "omega_esr", "omega_esr_last_row", "omega_esr_model", "attention_share")
+"""The sparsity values of each `SparsityMeter.per_sample` entry that a cell averages."""
 
 
-def sample_means(samples: list[dict[str, float]]) -> dict[str, float]:
-    """The mean of each of `STATISTICS` over ``samples`` (`SparsityMeter.per_sample` entries); NaN for none."""
-    return {key: sum(s[key] for s in samples) / len(samples) if samples else float("nan") for key in STATISTICS}
+def sample_means(samples: list[dict[str, float]], keys: tuple[str, ...] = STATISTICS) -> dict[str, float]:
+    """The mean of each of ``keys`` over ``samples`` (`SparsityMeter.per_sample` entries); NaN for none."""
+    return {key: sum(s[key] for s in samples) / len(samples) if samples else float("nan") for key in keys}

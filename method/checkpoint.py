@@ -53,7 +53,10 @@ class RouterConfig:
     """Everything needed to rebuild and apply a set of routers.
 
     Attributes:
-        num_layers, num_kv_heads, head_dim: the base model's layout (one router per layer, 2 logits per KV head).
+        num_layers, num_kv_heads, head_dim: the base model's layout (one router per routed layer, 2 logits per KV
+            head; ``head_dim`` the key width).
+        layer_ids: the ``layer_idx`` of each routed layer, in order, where they are not ``0 … num_layers − 1`` (a
+            hybrid model routes its full-attention layers only); None: every layer.
         base_model: the model spec or path the routers were trained on (informational).
         hidden_mult, num_logits, pooling, pool_tokens: `AttentionRouter` arguments.
         attention: what the router's full and sparse sides mean (`ModeConfig`).
@@ -63,6 +66,7 @@ class RouterConfig:
     num_layers: int
     num_kv_heads: int
     head_dim: int
+    layer_ids: list[int] | None = None
     base_model: str = ""
     hidden_mult: int = 4
     num_logits: int = 2
@@ -73,14 +77,25 @@ class RouterConfig:
     training: dict[str, Any] = field(default_factory=dict)
 
     def layout(self) -> str:
-        return f"{self.num_layers} layers × {self.num_kv_heads} KV heads × head_dim {self.head_dim}"
+        layers = "" if self.layer_ids is None else f" (layers {', '.join(map(str, self.layer_ids))})"
+        return f"{self.num_layers} layers{layers} × {self.num_kv_heads} KV heads × head_dim {self.head_dim}"
+
+    @property
+    def routed_layers(self) -> list[int]:
+        """The ``layer_idx`` of each router's layer."""
+        return list(range(self.num_layers)) if self.layer_ids is None else list(self.layer_ids)
 
     def build(self) -> RouterBank:
         """Fresh routers (N(0, 0.02) weights) for this configuration."""
         return RouterBank(self)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format_version": FORMAT_VERSION, **asdict(self), "attention": self.attention.to_dict()}
+        """The config as ``router_config.json`` holds it; ``layer_ids`` only where set (a file of routers over every
+        layer reads as before)."""
+        data = {"format_version": FORMAT_VERSION, **asdict(self), "attention": self.attention.to_dict()}
+        if self.layer_ids is None:
+            del data["layer_ids"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RouterConfig:
@@ -95,21 +110,22 @@ class RouterConfig:
 
 
 class RouterBank(torch.nn.Module):
-    """One `AttentionRouter` per layer: ``bank[layer_idx]``."""
+    """One `AttentionRouter` per routed layer: ``bank[layer_idx]``; ``bank.layers`` in layer order."""
 
     def __init__(self, config: RouterConfig):
         super().__init__()
         self.config = config
         self.layers = torch.nn.ModuleList(_router(config) for _ in range(config.num_layers))
+        self.position = {layer: i for i, layer in enumerate(config.routed_layers)}  # layer_idx -> index in `layers`
 
     def __getitem__(self, layer_idx: int) -> AttentionRouter:
-        return self.layers[layer_idx]
+        return self.layers[self.position[layer_idx]]
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """Parameters under the released checkpoints' names (``model.layers.{i}.self_attn.mask_allocator.*``)."""
+        """Parameters under the released checkpoints' names, ``model.layers.{layer_idx}.self_attn.mask_allocator.*``."""
         return {
             f"model.layers.{i}.self_attn.mask_allocator.{name}": p.detach().float().cpu().contiguous()
-            for i, router in enumerate(self.layers)
+            for i, router in zip(self.config.routed_layers, self.layers)
             for name, p in router.state_dict().items()
         }
 
@@ -117,7 +133,7 @@ class RouterBank(torch.nn.Module):
         """Load parameters named as in `hf_state_dict` (other keys are ignored); every router must be complete
         (`_check_tensors`)."""
         per_layer = _check_tensors(self.config, tensors, source)
-        for i, router in enumerate(self.layers):
+        for i, router in zip(self.config.routed_layers, self.layers):
             router.load_state_dict({k: v.float() for k, v in per_layer[i].items()})
 
 
@@ -129,8 +145,8 @@ def _router(config: RouterConfig) -> AttentionRouter:
 def _check_tensors(config: RouterConfig, tensors: dict[str, torch.Tensor], source: str
                   ) -> dict[int, dict[str, torch.Tensor]]:
     """The router tensors of ``tensors`` by layer, checked against ``config`` without building a router: one router per
-    layer ``0..num_layers-1``, each with exactly the parameters and shapes of `AttentionRouter` (a router built on the
-    meta device gives them).
+    routed layer (``0..num_layers-1``, or ``layer_ids``), each with exactly the parameters and shapes of
+    `AttentionRouter` (a router built on the meta device gives them).
 
     Raises:
         ValueError: a layer missing or extra, a parameter missing, extra or of another shape (the first, named).
@@ -140,12 +156,14 @@ def _check_tensors(config: RouterConfig, tensors: dict[str, torch.Tensor], sourc
         match = _KEY.search(key)
         if match:
             per_layer.setdefault(int(match.group(1)), {})[match.group(2)] = value
-    if sorted(per_layer) != list(range(config.num_layers)):
+    if config.layer_ids is not None and len(config.layer_ids) != config.num_layers:
+        raise ValueError(f"{source}: layer_ids names {len(config.layer_ids)} layers, num_layers is {config.num_layers}")
+    if sorted(per_layer) != config.routed_layers:
         raise ValueError(f"{source} holds routers for layers {sorted(per_layer)}; expected layers "
-                         f"0..{config.num_layers - 1}")
+                         f"{config.routed_layers if config.layer_ids else f'0..{config.num_layers - 1}'}")
     with torch.device("meta"):
         expected = {name: tuple(p.shape) for name, p in _router(config).state_dict().items()}
-    for i in range(config.num_layers):
+    for i in config.routed_layers:
         for name in sorted(expected.keys() | per_layer[i].keys()):
             found = tuple(per_layer[i][name].shape) if name in per_layer[i] else None
             if found != expected.get(name):

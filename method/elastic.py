@@ -55,8 +55,8 @@ class TrainingRoute:
 
     Attributes:
         tau: Gumbel temperature.
-        noise: ``[N, L, H, 2]`` Gumbel noise of the forward's samples (the same tensor when a layer is recomputed in
-            backward, so the recomputation takes the same decisions).
+        noise: ``[N, L, H, 2]`` Gumbel noise of the forward's samples over its L routed layers, in layer order (the
+            same tensor when a layer is recomputed in backward, so the recomputation takes the same decisions).
         prompt_lens: ``[N]`` prompt length of each sample: the router pools the prompt tokens only, as at inference.
         pooling: pooling used in training (None: the router's own; ``"mean"`` reproduces the official training).
         decisions: filled by the method: ``(sample, layer) -> r [H]``, the straight-through decision of each KV head
@@ -71,11 +71,12 @@ class TrainingRoute:
         return (f"TrainingRoute(tau={self.tau}, noise={tuple(self.noise.shape)}, prompt_lens={self.prompt_lens}, "
                 f"pooling={self.pooling!r}, decisions={len(self.decisions)})")
 
-    def stacked(self, num_layers: int) -> torch.Tensor:
-        """The decisions as ``r [N, L, H]``; raises if a (sample, layer) was not routed."""
+    def stacked(self, layers: list[int]) -> torch.Tensor:
+        """The decisions as ``r [N, L, H]`` over the routed ``layers`` (their ``layer_idx``, in order); raises if a
+        (sample, layer) was not routed."""
         try:
             return torch.stack([
-                torch.stack([self.decisions[(s, layer)] for layer in range(num_layers)])
+                torch.stack([self.decisions[(s, layer)] for layer in layers])
                 for s in range(len(self.prompt_lens))
             ])
         except KeyError as err:
@@ -214,12 +215,13 @@ class Elastic(Method):
     def setup(self, model: nn.Module) -> None:
         from elastic_bench.method import ModeConfig, RouterConfig, load_routers
 
-        layout = model_layout(model)
+        layout, layers = model_layout(model), routed_layers(model)
         if self.routers is None:
             model_dir = getattr(model.config, "_name_or_path", "") or ""
             directory = self.router_dir(model_dir)
             if directory is None:
-                config = RouterConfig(*layout, base_model=model_dir, attention=ModeConfig(**self.overrides()))
+                config = RouterConfig(*layout, layer_ids=layer_ids(layers), base_model=model_dir,
+                                      attention=ModeConfig(**self.overrides()))
                 self.routers = config.build()
                 gen = torch.Generator().manual_seed(self.seed)
                 for router in self.routers.layers:
@@ -227,10 +229,11 @@ class Elastic(Method):
             else:
                 self.routers = load_routers(directory, **self.overrides())
         config = self.routers.config
-        if (config.num_layers, config.num_kv_heads, config.head_dim) != layout:
+        if (config.num_layers, config.num_kv_heads, config.head_dim) != layout or config.routed_layers != layers:
+            shown = RouterConfig(*layout, layer_ids=layer_ids(layers)).layout()
             raise ValueError(
-                f"router checkpoint {self.router or config.base_model!r} is for {config.layout()}; the model has "
-                f"{layout[0]} layers × {layout[1]} KV heads × head_dim {layout[2]}"
+                f"router checkpoint {self.router or config.base_model!r} is for {config.layout()}; the model routes "
+                f"{shown}"
             )
         self._place_routers(model)
         self._shard = tensor_parallel(model)
@@ -240,10 +243,10 @@ class Elastic(Method):
     def _place_routers(self, model: nn.Module) -> None:
         """Each layer's router on its layer's device (layers spread by a device map), and under tensor parallelism with
         the centring means of this rank's KV heads only: the MLPs are shared by the heads, the means are per head."""
-        from elastic_bench.modeling.attention import attention_modules
+        from elastic_bench.modeling.attention import attention_modules, module_device
 
         for module in attention_modules(model):
-            router = self.routers[module.layer_idx].to(module.k_proj.weight.device)
+            router = self.routers[module.layer_idx].to(module_device(module))
             heads = kv_heads(module)
             if router.feature_mean is not None and len(router.feature_mean) != heads.stop - heads.start:  # not yet cut
                 router.feature_mean = router.feature_mean[heads]
@@ -295,7 +298,7 @@ class Elastic(Method):
         sample = call.sample_ids[0]
         keys = call.pre_rope_keys[:, :, : route.prompt_lens[sample]]
         logits = self.routers[call.layer_idx](keys, pooling=route.pooling)  # [1, H, 2]
-        noise = route.noise[sample, call.layer_idx].to(logits.device)
+        noise = route.noise[sample, self.routers.position[call.layer_idx]].to(logits.device)
         r = relax(logits, noise[None], route.tau)  # [1, H], hard forward, soft gradient
         route.decisions[(sample, call.layer_idx)] = r[0]
         return modes.plan(r.detach() > 0.5, call.query, call.key)
@@ -319,8 +322,9 @@ class Elastic(Method):
         padded = compile_length(length, modes.block_size) if backend == "flex" else length
         if padded > length:
             q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, padded - length)) for x in (q, k, v))
-        full = hybrid_attention(q, k, v, modes.side_plan(True, q, k), scale=scale, backend=backend)
-        sparse = hybrid_attention(q, k, v, modes.side_plan(False, q, k), scale=scale, backend=backend)
+        full = hybrid_attention(q, k, v, modes.side_plan(True, q, k), scale=scale, backend=backend, sinks=call.sinks)
+        sparse = hybrid_attention(q, k, v, modes.side_plan(False, q, k), scale=scale, backend=backend,
+                                  sinks=call.sinks)
         G = q.shape[1] // k.shape[1]
         z = r.repeat_interleave(G, dim=1)[:, :, None, None].to(full.dtype)  # [1, Hq, 1, 1]
         return (sparse + z * (full - sparse))[:, :, : call.query.shape[2]]
@@ -335,8 +339,21 @@ class Elastic(Method):
 
 
 def model_layout(model: nn.Module) -> tuple[int, int, int]:
-    """(layers, KV heads, head_dim) of a transformers causal LM."""
-    from elastic_bench.modeling.attention import attention_modules
+    """(routed layers, KV heads, key head_dim) of a transformers causal LM: its full-attention layers
+    (`elastic_bench.modeling.attention.attention_modules`)."""
+    from elastic_bench.modeling.attention import attention_modules, key_dim
 
     modules = attention_modules(model)
-    return len(modules), int(modules[0].config.num_key_value_heads), int(modules[0].head_dim)
+    return len(modules), int(modules[0].config.num_key_value_heads), key_dim(modules[0])
+
+
+def routed_layers(model: nn.Module) -> list[int]:
+    """The ``layer_idx`` of the layers a router routes (`model_layout`'s), in order."""
+    from elastic_bench.modeling.attention import attention_modules
+
+    return [m.layer_idx for m in attention_modules(model)]
+
+
+def layer_ids(layers: list[int]) -> list[int] | None:
+    """`RouterConfig.layer_ids` of routers over ``layers``: None where they are ``0 … L − 1``."""
+    return None if layers == list(range(len(layers))) else list(layers)

@@ -271,9 +271,10 @@ def data_categories(config: RouterTrainConfig) -> set[str]:
 def _train(config: RouterTrainConfig, options: RunOptions, loaded: tuple[nn.Module, Any] | None,
            ranks: Ranks) -> TrainResult:
     from elastic_bench.modeling.attention import apply
+    from elastic_bench.modeling.layer_kinds import layer_kinds
     from elastic_bench.modeling.loading import load_model
 
-    from .elastic import Elastic, model_layout
+    from .elastic import Elastic, layer_ids, model_layout, routed_layers
 
     if loaded is not None and ranks.world_size > 1:
         raise ValueError("a preloaded model cannot be trained under torchrun; pass the model spec in the config")
@@ -289,13 +290,16 @@ def _train(config: RouterTrainConfig, options: RunOptions, loaded: tuple[nn.Modu
     if config.gradient_checkpointing:
         enable_gradient_checkpointing(model)
 
-    categories, rows, eval_rows, data, read = _data(config, tokenizer, options.progress and ranks.is_main, source)
+    recurrent = any(kind.kind == "linear" for kind in layer_kinds(model.config))
+    categories, rows, eval_rows, data, read = _data(config, tokenizer, options.progress and ranks.is_main, source,
+                                                    alone=recurrent)
     if ranks.is_main:
         print(read)
     layers, kv_heads, head_dim = model_layout(model)
     gen = torch.Generator().manual_seed(config.seed)
     bank = RouterConfig(
-        layers, kv_heads, head_dim, base_model=config.model, hidden_mult=config.hidden_mult, pooling=config.pooling,
+        layers, kv_heads, head_dim, layer_ids=layer_ids(routed_layers(model)), base_model=config.model,
+        hidden_mult=config.hidden_mult, pooling=config.pooling,
         num_logits=2 if config.relaxation == "softmax" else 1, attention=config.attention,
         center_features=config.center_features,
     ).build()
@@ -360,7 +364,7 @@ class RouterObjective(Objective):
                  device: torch.device, ranks: Ranks, data: dict[str, Any]):
         self.config, self.output, self.bank, self.lambdas, self.loss_model = config, output, bank, lambdas, loss_model
         self.data = data
-        self.categories, self.layers, self.device, self.ranks = categories, layout[0], device, ranks
+        self.categories, self.device, self.ranks = categories, device, ranks
         self.modules = {"routers": bank, "lambdas": lambdas}
         self.optimizer = torch.optim.AdamW(
             [
@@ -396,7 +400,7 @@ class RouterObjective(Objective):
             route = TrainingRoute(tau, noise, row.prompt_lens, config.train_pooling)
             with autocast(self.device):
                 loss_sum, count = self.loss_model(*row_inputs(row, self.device), training_route=route)
-            omega = omega_msr(route.stacked(self.layers))
+            omega = omega_msr(route.stacked(self.bank.config.routed_layers))
             cats = row.categories.to(self.device)
             lm = loss_sum / count.clamp(min=1)
             penalty = sparsity_penalty(omega, cats, self.targets, self.lambdas, config.penalty, config.t_interval)
@@ -500,7 +504,7 @@ def feature_means(model: nn.Module, bank, rows: list[PackedRow], num_categories:
 
         def prefill_plan(self, call):
             pooled = bank[call.layer_idx].pool(call.pre_rope_keys).double().cpu()  # [1, H, D]
-            sums[current["cat"][call.sample_ids[0]], call.layer_idx] += pooled[0]
+            sums[current["cat"][call.sample_ids[0]], bank.position[call.layer_idx]] += pooled[0]
             full = torch.ones(call.batch_size, call.num_kv_heads, dtype=torch.bool, device=call.query.device)
             return bank.config.attention.plan(full, call.query, call.key)
 
@@ -545,10 +549,12 @@ def evaluate_routing(handle, loss_model: LossModel, rows: list[PackedRow], categ
 # ---- data ----------------------------------------------------------------------------------------------------------
 
 
-def _data(config: RouterTrainConfig, tokenizer, progress: bool, source: tuple[str, Path | None]
+def _data(config: RouterTrainConfig, tokenizer, progress: bool, source: tuple[str, Path | None], alone: bool = False
           ) -> tuple[list[str], list[PackedRow], list[PackedRow], dict[str, Any], str]:
-    """The categories, the packed training rows and the rows of the final evaluation of the data that ``source``
-    names (`elastic_bench.method.data.locate`), the data block of its provenance and a line saying what was read."""
+    """The categories, the training rows and the rows of the final evaluation (prompts only) of the data that
+    ``source`` names (`elastic_bench.method.data.locate`), the data block of its provenance and a line saying what was
+    read; ``alone``: one sample per row (a model with linear-attention layers, whose recurrence would run on across
+    packed samples)."""
     kind, path = source
     if kind == "records":
         records = model_records(config, tokenizer, progress)
@@ -565,7 +571,7 @@ def _data(config: RouterTrainConfig, tokenizer, progress: bool, source: tuple[st
     kept = {id(s) for s in samples}
     trained = [r for r, s in zip(records, tokenized) if id(s) in kept]
     data = data_provenance_of(kind, path, trained, [len(s.input_ids) for s in samples])
-    rows = pack(samples, config.pack_tokens, config.loss_tokens)
+    rows = _packed(samples, config, alone)
     picked: list = []
     for index in range(len(categories)):
         picked += spread([s for s in samples if s.category == index], config.eval_samples)
@@ -579,7 +585,14 @@ def _data(config: RouterTrainConfig, tokenizer, progress: bool, source: tuple[st
     if unknown and not kind.startswith("official:"):
         read += (f"; {unknown} records name no identities (hand-made or official-format records): the held-out rule "
                  "of run cannot check them")
-    return categories, rows, pack(prompts, config.pack_tokens, config.loss_tokens), data, read
+    return categories, rows, _packed(prompts, config, alone), data, read
+
+
+def _packed(samples: list, config: RouterTrainConfig, alone: bool) -> list[PackedRow]:
+    """``samples`` packed into rows of ``pack_tokens`` (`pack`), or each in a row of its own (``alone``)."""
+    if alone:
+        return [row for s in samples for row in pack([s], config.pack_tokens, config.loss_tokens)]
+    return pack(samples, config.pack_tokens, config.loss_tokens)
 
 
 def spread(items: list, count: int) -> list:

@@ -61,7 +61,9 @@ class CellResult:
     percent); ``omega_msr`` / ``omega_esr`` are the cell means of the per-sample sparsity; ``prefill_seconds`` the
     median prefill time per sample of the prompts timed alone (batch 1; the mean for cells that record no median);
     ``samples_per_second`` the generation throughput of the prompts run batched, at ``batch_size`` (NaN for a cell
-    run at batch 1): a throughput, never a prefill time; ``device`` and ``backend`` say where and on which attention
+    run at batch 1): a throughput, never a prefill time; ``ceiling`` the mean over its prompts of the prefill speedup
+    the model's FLOPs allow the method's plans (NaN for cells that record none; `elastic_bench.modeling.cost`);
+    ``device`` and ``backend`` say where and on which attention
     kernel the prefills ran; ``artifacts`` the learned files the method loaded, by option name, as SHA-256 digests
     (``{"router": "818e…"}``) and ``artifact_provenance`` what they were trained on, by option name (None: unknown),
     and ``learned_files`` their names (``{"router": "testbed/elastic_router"}``: a file the model ships under the
@@ -85,6 +87,7 @@ class CellResult:
     num_samples: int
     samples_per_second: float = math.nan
     batch_size: int = 1
+    ceiling: float = math.nan
     error: str | None = None
     device: str = ""
     backend: str = ""
@@ -160,6 +163,7 @@ def _result(cell: Cell, run: str, scorings: Scorings | None) -> CellResult:
         num_samples=int(metrics.get("num_samples") or 0),
         samples_per_second=_number(metrics, "samples_per_second"),
         batch_size=int(metrics.get("batch_size_used") or 1),
+        ceiling=_number(metrics, "ceiling"),
         error=str(error) if error is not None else None,
         device=str(metrics.get("device") or ""),
         backend=str(metrics.get("backend_used") or ""),

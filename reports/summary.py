@@ -83,7 +83,8 @@ class Config:
     length) to its cell; ``score`` (percent), ``omega_msr``, ``omega_esr``, ``prefill_seconds`` and
     ``samples_per_second`` (the batched prompts' throughput, NaN where a cell ran none) are means over them;
     ``score_interval`` is the mean score's 95% interval over the cells' per-sample scores (`sample_interval`);
-    ``speedup`` is against ``full`` of the same run and model (None without it), from prefill times alone.
+    ``speedup`` is against ``full`` of the same run and model (None without it), from prefill times alone;
+    ``ceiling`` the mean of its cells' FLOPs ceilings (`CellResult.ceiling`), shown beside the speedup.
     """
 
     run: str
@@ -101,6 +102,7 @@ class Config:
     samples_per_second: float = math.nan
     score_interval: Interval | None = None
     speedup: float | None = None
+    ceiling: float = math.nan
     provenance: dict = field(default_factory=dict)
 
     @property
@@ -324,6 +326,7 @@ def _comparison(title: str, cells: list[CellResult], labels: dict[tuple[str, str
             prefill_seconds=_mean([c.prefill_seconds for c in used.values()]),
             samples_per_second=_mean([c.samples_per_second for c in used.values()]),
             provenance={name: first.artifact_provenance.get(name) for name in first.artifacts},
+            ceiling=_mean([c.ceiling for c in used.values()]),
         ))
         configs[-1].score_interval = sample_interval(configs[-1], "score")
     for config in configs:

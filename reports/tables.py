@@ -176,10 +176,12 @@ def _labels(comparison: Comparison) -> list[str]:
 
 
 def overview(comparison: Comparison) -> Table:
-    """Mean score, ΩMSR, ΩESR, median prefill (prompts timed alone), speedup, the batched prompts' throughput where
-    a cell ran batches, and frontier membership per configuration."""
+    """Mean score, ΩMSR, ΩESR, median prefill (prompts timed alone), speedup beside its FLOPs ceiling (the model's
+    Amdahl bound for the method's plans), the batched prompts' throughput where a cell ran batches, and frontier
+    membership per configuration."""
     on_front = {f.axis: set(f.labels) for f in comparison.frontiers}
     speedups = any(c.speedup is not None for c in comparison.configs)
+    ceilings = speedups and any(math.isfinite(c.ceiling) for c in comparison.configs)  # cells that record one
     batched = any(math.isfinite(c.samples_per_second) for c in comparison.configs)
     rows = {}
     for c in comparison.configs:
@@ -188,6 +190,8 @@ def overview(comparison: Comparison) -> Table:
         if speedups:
             row[f"× {BASELINE}"] = "–" if c.speedup is None else (
                 not_a_speedup(c.devices) if comparison.speedup_note else FORMATS["speedup"].format(c.speedup))
+            if ceilings:
+                row["ceiling"] = c.ceiling
         if batched:
             row |= {"samples/s (batched)": c.samples_per_second,
                     "batch": ", ".join(map(str, c.batch_sizes)) or "–"}
@@ -200,8 +204,8 @@ def overview(comparison: Comparison) -> Table:
     return Table("overview", "Scores (mean over the comparable cells) and sparsity", frame,
                  protocol=comparison.protocol.name, marks=marks,
                  kinds={"samples": "text", "ΩMSR": "sparsity", "ΩESR": "sparsity", "prefill s (median)": "seconds",
-                        f"× {BASELINE}": "text", "samples/s (batched)": "throughput", "batch": "text",
-                        "backend": "text", "device": "text", "on frontier": "text"},
+                        f"× {BASELINE}": "text", "ceiling": "speedup", "samples/s (batched)": "throughput",
+                        "batch": "text", "backend": "text", "device": "text", "on frontier": "text"},
                  note=" ".join(note for note in (
                      f"× {BASELINE}: {comparison.speedup_note}" if speedups and comparison.speedup_note else "",
                      BATCHED_NOTE if batched else "", MARK_NOTE if marks is not None else "") if note))

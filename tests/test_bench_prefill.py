@@ -151,13 +151,13 @@ def test_seeded_modes_put_the_requested_share_of_heads_on_the_sparse_side(tiny_m
 
 
 def _records() -> list[dict]:
-    return [{"method": "floor", "median_s": 2.0, "omega_esr": 1.0}, {"method": "sdpa", "median_s": 8.0,
-            "omega_esr": 0.0}, {"method": "full", "median_s": 10.0, "omega_esr": 0.0},
-            {"method": "streaming", "median_s": 5.0, "omega_esr": 0.5}, {"method": "xattention", "error": "OOM"}]
+    return [{"method": "floor", "median_s": 2.0, "attention_share": 0.0}, {"method": "sdpa", "median_s": 8.0,
+            "attention_share": 1.0}, {"method": "full", "median_s": 10.0, "attention_share": 1.0},
+            {"method": "streaming", "median_s": 5.0, "attention_share": 0.5}, {"method": "xattention", "error": "OOM"}]
 
 
 def test_ratios_follow_the_floor_and_full():
-    assert ideal_speedup(10.0, 2.0, 0.0) == 1.0 and ideal_speedup(10.0, 2.0, 1.0) == 5.0
+    assert ideal_speedup(10.0, 2.0, 1.0) == 1.0 and ideal_speedup(10.0, 2.0, 0.0) == 5.0
     assert ideal_speedup(10.0, 2.0, 0.5) == pytest.approx(10 / 6)
     records = _records()
     add_ratios(records)

@@ -60,7 +60,7 @@ def test_router_gradients_come_through_the_straight_through_decision(tmp_path):
     route = TrainingRoute(1.0, noise, row.prompt_lens)
     with apply(method, model, backend="reference"):
         loss_sum, count = LossModel(model)(*row_inputs(row, "cpu"), training_route=route)
-        r = route.stacked(2)
+        r = route.stacked([0, 1])
         (loss_sum / count).backward()
     assert r.shape == (row.num_samples, 2, 2)
     assert set(route.decisions) == {(sample, layer) for sample in range(row.num_samples) for layer in range(2)}
@@ -86,7 +86,7 @@ def test_the_training_route_travels_with_the_forward_and_nothing_stays_on_the_me
             loss_model(*row_inputs(row, "cpu"), training_route=route)
         again = TrainingRoute(1.0, routes[0].noise, row.prompt_lens)
         loss_model(*row_inputs(row, "cpu"), training_route=again)
-        assert torch.equal(again.stacked(2), routes[0].stacked(2))  # same noise, same decisions
+        assert torch.equal(again.stacked([0, 1]), routes[0].stacked([0, 1]))  # same noise, same decisions
         assert not any(isinstance(v, (TrainingRoute, torch.Tensor)) for v in vars(method).values())
         assert not {"training_route", "_pending", "_train_r"} & set(vars(method))
         handle.reset()
@@ -94,7 +94,7 @@ def test_the_training_route_travels_with_the_forward_and_nothing_stays_on_the_me
             loss_model(*row_inputs(row, "cpu")[:4], None)
         assert handle.decisions().shape == (row.num_samples, 2, 2)  # argmax routing, recorded by the glue
     with pytest.raises(RuntimeError, match="no routing decision"):
-        TrainingRoute(1.0, routes[0].noise, row.prompt_lens).stacked(2)
+        TrainingRoute(1.0, routes[0].noise, row.prompt_lens).stacked([0, 1])
 
 
 def _bank(layers, heads, dim):

@@ -8,9 +8,11 @@ streaming KV heads.
 - PruLong ("Cache Me If You Can", https://arxiv.org/abs/2506.17121): a gate file in the same layout (0/1 masks, or
   gates binarised by the same quantile rule), streaming heads with sink 128 + window 1024.
 
-The gates are data files: a trainer's output folder inside the model directory, ``duo_gates/`` for DuoAttention and
-``prulong_gates/`` for PruLong (the testbed ships both, made by ``train-duo`` and ``train-prulong``), or the shipped
-DuoAttention patterns (Llama-3.1-8B-Instruct, Mistral-7B-Instruct-v0.2, MIT licence, see
+A gate file has one row per layer a method plans (`elastic_bench.modeling.attention.attention_modules`: the full
+softmax layers, in order; a hybrid model's sliding-window and linear-attention layers have none). The gates are data
+files: a trainer's output folder inside the model directory, ``duo_gates/`` for DuoAttention and ``prulong_gates/``
+for PruLong (the testbed ships both, made by ``train-duo`` and ``train-prulong``), or the shipped DuoAttention
+patterns (Llama-3.1-8B-Instruct, Mistral-7B-Instruct-v0.2, MIT licence, see
 ``data/duo_attention_patterns/NOTICE.md``) found by model name; any other model needs ``pattern=<dir or tsv>``.
 
 Prefill deployments (``prefill``), each computed in one forward of the prompt:
@@ -96,7 +98,8 @@ def gate_provenance(path: str | Path) -> dict[str, Any] | None:
 def _check_shape(path: Path, gates: np.ndarray, expected: tuple[int, int]) -> None:
     if gates.shape != expected:
         raise ValueError(f"head gates in {path} are {gates.shape[0]} layers × {gates.shape[1]} KV heads; the model has "
-                         f"{expected[0]} layers × {expected[1]} KV heads")
+                         f"{expected[0]} layers × {expected[1]} KV heads (one gate row per full-attention layer; "
+                         "sliding-window and linear-attention layers have none)")
 
 
 def binarize(gates: np.ndarray, sparsity: float | None, seed: int = 0) -> np.ndarray:
@@ -222,10 +225,13 @@ class HeadGates(Method):
         return gate_provenance(path)
 
     def check_model(self, config) -> None:
-        """Refuse gates whose table is not the model's layers × KV heads (of its transformers ``config``)."""
+        """Refuse gates whose table is not the model's planned layers × KV heads (of its transformers ``config``)."""
+        from elastic_bench.modeling.layer_kinds import layer_kinds, text_config
+
         path, gates = self._loaded(getattr(config, "_name_or_path", "") or "")
-        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        _check_shape(path, gates, (config.num_hidden_layers, heads))
+        text = text_config(config)
+        heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        _check_shape(path, gates, (sum(kind.routable for kind in layer_kinds(config)), heads))
 
     def _loaded(self, model_dir: str) -> tuple[Path, np.ndarray]:
         """The gate file for the model at ``model_dir`` and its gates, read once."""

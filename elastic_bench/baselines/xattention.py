@@ -7,7 +7,8 @@ upstream's block-selection rule by default. τ is flat for every head unless a p
 (``thresholds=PATH``); upstream's own tables carry no licence and are not shipped. Decode steps attend the whole
 cache, as upstream.
 
-Threshold tables: a tab-separated text file, one row per layer (in layer order) and one column per query head, each
+Threshold tables: a tab-separated text file, one row per layer a method plans (the full softmax layers, in layer
+order) and one column per query head, each
 value a τ in [0, 1] (the layout of DuoAttention's gate files, with query heads instead of KV heads). It is a learned
 artifact of the run (`XAttention.artifacts`).
 """
@@ -93,7 +94,7 @@ class XAttention(Method):
     def setup(self, model: nn.Module) -> None:
         if self.thresholds is None:
             return
-        from elastic_bench.modeling.attention import attention_modules
+        from elastic_bench.modeling.attention import attention_modules, module_device
 
         table = load_thresholds(self.thresholds)
         modules = attention_modules(model)
@@ -104,7 +105,7 @@ class XAttention(Method):
                              "query heads")
         tau = torch.tensor(table, dtype=torch.float32)
         # each layer's τ of the query heads its module holds (this rank's under tensor parallelism), on its device
-        self._tau = {m.layer_idx: tau[row, query_heads(m)].to(m.k_proj.weight.device) for row, m in enumerate(modules)}
+        self._tau = {m.layer_idx: tau[row, query_heads(m)].to(module_device(m)) for row, m in enumerate(modules)}
 
     def teardown(self, model: nn.Module) -> None:
         self._tau = {}

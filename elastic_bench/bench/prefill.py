@@ -10,10 +10,13 @@ Design decisions:
   registered with transformers' ``AttentionInterface`` under a private name: the whole forward but the attention
   kernel) and ``full`` (the `full` method through `elastic_bench.apply`); ``sdpa`` (the model's own SDPA attention,
   without elastic-bench's glue) when asked for.
-- ``× full`` is t_full / t (medians). A method that skips the fraction ΩESR of the attention pairs would at best take
-  t_floor + (t_full − t_floor)·(1 − ΩESR): its attention costing its share of full attention, the rest of the
-  forward unchanged. ``ideal_speedup`` is t_full over that time, ``fraction_of_ideal`` the measured speedup over the
-  ideal (1 for full and for the floor).
+- ``× full`` is t_full / t (medians). A method whose attention costs the share ``attention_share`` of the model's own
+  attention FLOPs (`elastic_bench.kernels.sparsity`: every softmax layer, a sliding window as it is; 1 − ΩESR on a
+  model of full layers alone) would at best take t_floor + (t_full − t_floor)·share: the rest of the forward
+  unchanged. ``ideal_speedup`` is t_full over that time, ``fraction_of_ideal`` the measured speedup over the ideal (1
+  for full and for the floor). ``ceiling`` is the same bound from FLOPs alone, without a measurement
+  (`elastic_bench.modeling.cost`: the model's linear-attention layers and MLP or MoE at its active experts against
+  the attention of each layer kind), the figure a run records per cell; the table prints it beside ``× full``.
 - ``fa-ssa``, ``fa-xa``, ``xa-ssa``: Elastic Attention's modes without a router (`SeededModes`): round(ΩMSR·L·H)
   (layer, KV head) pairs, drawn with the seed, on the sparse side, the others on the full side, planned by
   `ModeConfig.plan` (which runs the XAttention estimation of the XA heads). ``--density`` replaces the estimated
@@ -70,7 +73,7 @@ from elastic_bench.bench import formatted, with_provenance, with_router
 from elastic_bench.kernels import BlockSelection, HeadPlan, Mode, sample_means
 from elastic_bench.kernels.timing import PARTS, DeviceTimer, unexplained
 from elastic_bench.method.modes import ModeConfig, ModeName
-from elastic_bench.modeling.attention import attention_implementation
+from elastic_bench.modeling.attention import MEASURES, attention_implementation
 from elastic_bench.modeling.interface import AttentionCall, Method
 from elastic_bench.modeling.tensor_parallel import TensorParallel, kv_heads, query_heads, tensor_parallel
 
@@ -79,7 +82,8 @@ MODES = get_args(ModeName)
 REGISTERED = ("duo_attention", "streaming", "xattention", "infllm_v2", "moba", "nsa", "elastic")  # through get_method
 METHODS = (*REFERENCES, "sdpa", *MODES, *REGISTERED)
 FLOOR_ATTENTION = "_elastic_bench_floor"  # the no-op attention's name in transformers' AttentionInterface
-STAT_KEYS = ("omega_msr", "omega_esr", "omega_esr_last_row", "num_samples", "per_sample", "prefill_backends")
+STAT_KEYS = ("omega_msr", "omega_esr", "omega_esr_last_row", "omega_esr_model", "attention_share", "ceiling",
+             "num_samples", "per_sample", "routed_layers", "prefill_backends")
 
 
 @dataclass
@@ -348,9 +352,9 @@ def build_method(name: str, model: torch.nn.Module, cfg: PrefillBenchConfig, scr
 
 
 def _no_attention(module, query: torch.Tensor, key, value, attention_mask, **kwargs) -> tuple[torch.Tensor, None]:
-    """The floor's attention function: ``query [B, Hq, Lq, D]`` → zeros ``[B, Lq, Hq, D]`` (no attention at all)."""
-    B, Hq, Lq, D = query.shape
-    return query.new_zeros(B, Lq, Hq, D), None
+    """The floor's attention function: ``query [B, Hq, Lq, D]`` → zeros ``[B, Lq, Hq, Dv]`` (no attention at all)."""
+    B, Hq, Lq, _ = query.shape
+    return query.new_zeros(B, Lq, Hq, value.shape[-1]), None
 
 
 # ---- the benchmark ---------------------------------------------------------------------------------------------
@@ -377,7 +381,8 @@ def run_prefill_bench(cfg: PrefillBenchConfig) -> dict[str, Any] | None:
     0; None on the other ranks).
 
     A record has ``length, method`` and either ``error`` (the method failed at that length) or ``median_s, mean_s,
-    times_s`` (seconds per forward), ``omega_msr, omega_esr``, ``speedup_vs_full``, ``speedup_vs_sdpa``,
+    times_s`` (seconds per forward), ``omega_msr, omega_esr``, ``attention_share``, ``speedup_vs_full``,
+    ``speedup_vs_sdpa``, ``ceiling`` (the FLOPs bound; methods run through `apply`), ``omega_esr_model``,
     ``ideal_speedup``, ``fraction_of_ideal``, ``peak_gib`` (CUDA), and for the methods run through `apply`
     ``prefill_backends`` (backend → calls over the timed forwards), ``routing_seconds`` and ``routing_fraction`` (the
     time in the method's ``plan`` per forward, and its share of the forward), ``options``, ``method_stats`` (the
@@ -573,14 +578,13 @@ class _Entry:
         if self.stopwatch.cuda:
             record["peak_gib"] = self.peak_gib
         if self.method is None:  # floor: every pair skipped; sdpa: every pair computed
-            return {**record, "omega_msr": float(self.name == "floor"), "omega_esr": float(self.name == "floor")}
-        means = sample_means(self.per_sample)
+            floor = self.name == "floor"
+            return {**record, "omega_msr": float(floor), "omega_esr": float(floor), "attention_share": float(not floor)}
+        means = sample_means(self.per_sample, MEASURES)
         parts = {name: statistics.mean(p[name] for p in self.parts) for name in PARTS}
         routing = statistics.median(p["routing"] + p["estimation"] + p["planning"] for p in self.parts)
         record.update({
-            "omega_msr": means["omega_msr"],
-            "omega_esr": means["omega_esr"],
-            "omega_esr_last_row": means["omega_esr_last_row"],
+            **means,
             "prefill_backends": self.backends,
             "routing_seconds": routing,
             "routing_fraction": routing / record["median_s"],
@@ -609,10 +613,11 @@ def slowest(per_rank: list[dict[str, list[float]]]) -> dict[str, list[float]]:
             for name in names}
 
 
-def ideal_speedup(t_full: float, t_floor: float, omega_esr: float) -> float:
-    """t_full / (t_floor + (t_full − t_floor)·(1 − ΩESR)): the speedup of a method whose attention costs exactly the
-    share 1 − ΩESR of full attention's, the rest of the forward unchanged."""
-    return t_full / (t_floor + (t_full - t_floor) * (1.0 - omega_esr))
+def ideal_speedup(t_full: float, t_floor: float, attention_share: float) -> float:
+    """t_full / (t_floor + (t_full − t_floor)·share): the speedup of a method whose attention costs exactly the share
+    ``attention_share`` of the model's own attention (1 − ΩESR on a model of full layers), the rest of the forward
+    unchanged."""
+    return t_full / (t_floor + (t_full - t_floor) * attention_share)
 
 
 def add_ratios(records: list[dict[str, Any]]) -> None:
@@ -628,8 +633,8 @@ def add_ratios(records: list[dict[str, Any]]) -> None:
         if t_full is None:
             continue
         r["speedup_vs_full"] = t_full / r["median_s"]
-        if t_floor is not None and math.isfinite(r.get("omega_esr", math.nan)):
-            r["ideal_speedup"] = ideal_speedup(t_full, t_floor, r["omega_esr"])
+        if t_floor is not None and math.isfinite(r.get("attention_share", math.nan)):
+            r["ideal_speedup"] = ideal_speedup(t_full, t_floor, r["attention_share"])
             r["fraction_of_ideal"] = r["speedup_vs_full"] / r["ideal_speedup"]
 
 
@@ -643,8 +648,8 @@ def _backend_label(r: dict[str, Any]) -> str:
 
 def format_table(report: dict[str, Any]) -> str:
     """Plain-text table of a `run_prefill_bench` report (with its ``provenance``, when the command line added it)."""
-    head = (f"{'length':>7} {'method':14} {'median s':>9} {'mean s':>9} {'×full':>6} {'ideal%':>6} {'ΩMSR':>5} "
-            f"{'ΩESR':>5} {'route s':>8} {'route%':>6} {'backend':14} {'GiB':>6}  note")
+    head = (f"{'length':>7} {'method':14} {'median s':>9} {'mean s':>9} {'×full':>6} {'ceil':>6} {'ideal%':>6} "
+            f"{'ΩMSR':>5} {'ΩESR':>5} {'route s':>8} {'route%':>6} {'backend':14} {'GiB':>6}  note")
     lines = [head, "-" * len(head)]
     for r in report["results"]:
         if "error" in r:
@@ -660,8 +665,9 @@ def format_table(report: dict[str, Any]) -> str:
             notes.append(f"mode {r['mode']}")
         lines.append(
             f"{r['length']:>7} {r['method']:14} {r['median_s']:>9.4f} {r['mean_s']:>9.4f} "
-            f"{cell('speedup_vs_full', '.2f'):>6} {cell('fraction_of_ideal', '.0f', 100):>6} "
-            f"{cell('omega_msr', '.3f'):>5} {cell('omega_esr', '.3f'):>5} {cell('routing_seconds', '.4f'):>8} "
+            f"{cell('speedup_vs_full', '.2f'):>6} {cell('ceiling', '.2f'):>6} "
+            f"{cell('fraction_of_ideal', '.0f', 100):>6} {cell('omega_msr', '.3f'):>5} {cell('omega_esr', '.3f'):>5} "
+            f"{cell('routing_seconds', '.4f'):>8} "
             f"{cell('routing_fraction', '.1f', 100):>6} {_backend_label(r):14} {cell('peak_gib', '.1f'):>6}  "
             + ", ".join(notes)
         )

@@ -362,7 +362,10 @@ def _list_methods(command: Command, args: argparse.Namespace) -> int:
         if knobs[name]:
             print("\n".join(aligned(knobs[name], indent=4, widths=knob_widths)))
     note = ("Set an option with elastic-bench run -O METHOD.OPTION=VALUE (e.g. -O streaming.local=256); a value is "
-            "read as its option's type, as a flag's is (256 or 2K, 0.5, true or false, none, text as written).")
+            "read as its option's type, as a flag's is (256 or 2K, 0.5, true or false, none, text as written). Every "
+            "method plans a model's full softmax-attention layers (MLA's included): a sliding-window layer keeps the "
+            "model's own window and a linear-attention layer has no attention to plan (a cell records them as "
+            "layer_kinds and routed_layers; docs/architectures.md).")
     print("\n" + textwrap.fill(note, _width()))
     return 0
 

@@ -58,7 +58,8 @@ if TYPE_CHECKING:
     from elastic_bench.training.distributed import Ranks
 
 # Per-sample values averaged into a cell's metrics (``prefill_seconds`` over the prompts timed alone).
-MEANS = ("omega_msr", "omega_esr", "omega_esr_last_row", "prefill_seconds", "kv_bytes", "kv_bytes_full")
+MEANS = ("omega_msr", "omega_esr", "omega_esr_last_row", "omega_esr_model", "attention_share", "ceiling",
+         "prefill_seconds", "kv_bytes", "kv_bytes_full")
 CPU_AUTO_BATCH = 4  # what ``batch_size: auto`` means on the CPU (no memory probe there)
 MAX_AUTO_BATCH = 64  # the largest batch ``auto`` tries on CUDA
 WARM_TOKENS = 256  # prompt tokens of the batch that warms a batch shape's decode graph
@@ -555,13 +556,16 @@ def _check_placement_options(config: RunConfig) -> None:
 
 def _cell_config(inputs: _CellInputs, n: int) -> dict[str, Any]:
     """What a cell's config.json and metrics.json record of its configuration, with ``n`` samples; the model's context
-    length and rope parameters, and what its learned files were trained on (`held_out`: ``artifact_provenance``,
-    ``in_distribution``, ``allow_in_distribution``), are recorded beside the fingerprint, not in it: they change no
-    prediction (a router's provenance is in its file, which the fingerprint knows by its digest)."""
+    length and rope parameters, what its learned files were trained on (`held_out`: ``artifact_provenance``,
+    ``in_distribution``, ``allow_in_distribution``), and its layer kinds with the layers the method plans
+    (``routed_layers``), are recorded beside the fingerprint, not in it: they change no prediction (a router's
+    provenance is in its file, which the fingerprint knows by its digest)."""
+    from elastic_bench.modeling.layer_kinds import layer_kinds, layers_by_kind
     from elastic_bench.results.provenance import provenance
 
     config, fingerprint = inputs.session.config, inputs.fingerprint
     learned = inputs.session.provenance[inputs.cell.method]
+    kinds = layers_by_kind(layer_kinds(inputs.session.model.config))
     return {
         **{k: fingerprint[k] for k in ("model", "method_options", "seed", "limit", "dtype")},
         "preset": fingerprint.get("preset"),
@@ -580,6 +584,8 @@ def _cell_config(inputs: _CellInputs, n: int) -> dict[str, Any]:
         "allow_in_distribution": config.allow_in_distribution,
         "model_context": inputs.session.context,
         "learned_files": inputs.session.learned.get(inputs.cell.method, {}),
+        "layer_kinds": kinds,
+        "routed_layers": sorted(kinds.get("full", []) + kinds.get("mla", [])),
         "fingerprint": fingerprint,
         **({"calibration": inputs.calibration} if inputs.calibration is not None else {}),
         **provenance(config.device),

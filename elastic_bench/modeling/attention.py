@@ -3,17 +3,27 @@
 Design decisions:
 - No modeling file is copied. `apply(method, model)` registers the ``"elastic_bench"`` attention and mask functions
   (idempotently), switches the model to them, and restores the previous implementation on exit. Any model whose
-  attention modules call the interface and have ``layer_idx`` and ``k_proj`` works (Llama, Qwen2/3, Mistral).
+  attention modules call the interface and have ``layer_idx`` and ``k_proj`` (or MLA's ``kv_b_proj``) works (Llama,
+  Qwen2/3, Mistral, Qwen3-MoE, Gemma 3, gpt-oss, Qwen3-Next / Qwen3.5, DeepSeek-V3: docs/architectures.md).
+- Layer kinds come from the config (`elastic_bench.modeling.layer_kinds`). The method plans the full softmax layers
+  (MLA's included), `attention_modules`; a sliding-window layer is planned here, as STREAMING heads of its window
+  with no sink, and recorded as the model's own pattern; linear-attention layers never call the interface. Learned
+  sink logits (gpt-oss's ``s_aux``) reach the kernel as `AttentionCall.sinks`.
 - The registered mask function passes the 2-D padding mask through (or None); causality and sparsity live in the
   kernel. Left-padded rows and packed sequences (``cu_seq_lens_q/k`` kwargs, batch 1) are planned and computed one
   sample at a time, so each prompt is routed on its own tokens.
-- Pre-RoPE keys (the Elastic router's input) are captured by forward hooks on ``k_norm`` (Qwen3) or ``k_proj``, only
-  for methods that ask for them.
+- Pre-RoPE keys (the Elastic router's input) are captured by forward hooks on ``k_proj`` (then its ``k_norm`` where
+  the model has one: Qwen3, Gemma 3), or for MLA on ``kv_b_proj`` and ``kv_a_proj_with_mqa`` (each head's
+  decompressed key before its rotary part turns), only for methods that ask for them.
 - The active handle is attached to each attention module for the duration of `apply`; nothing is global.
 - Decoding: inside `apply`, a forward that starts with an empty `DynamicCache` (what ``generate`` and the harness
   pass) gets a `PackedCache` instead (``kv_cache="evicting"`` or ``"full"``). Each layer is packed by the method's
   decode plan right after its prefill attention, and every decode step attends the packed rows in one call
   (`elastic_bench.kernels.decode`). ``kv_cache="dynamic"`` keeps transformers' cache and the prefill kernels at decode.
+  A sliding-window layer is packed by its window (a ring of ``window`` slots when evicting). Two kinds of layer stay
+  dense and decode through the prefill kernels: an MLA layer (its cache holds transformers' compressed latent, the
+  smaller of the two) and a layer with learned sinks (the decode kernel has none); a linear-attention layer keeps
+  transformers' own recurrent state.
 - A prefill's time taken apart (``apply(..., time_parts=True)``): each prefill forward (no cache, or an empty one) gets
   a `PartTimer`; the glue marks its parts per layer (the method's plan, the harness's pair counts, the kernel), the
   XAttention estimation marks its own, and forward hooks on the decoder layers and the modules outside them (added for
@@ -31,12 +41,24 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from elastic_bench.kernels import SparsityMeter, pair_counts, resolve_backend, sample_means
+from elastic_bench.kernels import (
+    STATISTICS,
+    HeadPlan,
+    Mode,
+    SparsityMeter,
+    StreamingGeometry,
+    hybrid_attention,
+    pair_counts,
+    resolve_backend,
+    sample_means,
+)
 from elastic_bench.kernels.decode import decode_attention
 from elastic_bench.kernels.timing import PARTS, PartTimer, part
 from elastic_bench.modeling.choices import KVCache
+from elastic_bench.modeling.cost import CostModel, pair_flops
 from elastic_bench.modeling.interface import AttentionCall, Method
 from elastic_bench.modeling.kv_cache import CACHE_KEYWORDS, PackedCache, PackedLayer
+from elastic_bench.modeling.layer_kinds import LayerKind, layer_kinds
 from elastic_bench.modeling.tensor_parallel import join_heads, tensor_parallel
 
 ATTN_NAME = "elastic_bench"
@@ -72,9 +94,13 @@ def attention_forward(
         raise RuntimeError("the model uses elastic_bench attention outside `elastic_bench.apply(method, model)`")
     if dropout:
         raise ValueError("elastic_bench attention does not implement attention dropout")
+    if kwargs.get("softcap") is not None:
+        raise NotImplementedError("elastic_bench attention does not implement attention-logit soft-capping (Gemma 2)")
+    kind = handle.kinds[module.layer_idx]
     window = kwargs.get("sliding_window")
-    if window is not None and window < key.shape[2]:
-        raise NotImplementedError("sliding-window layers are not supported by elastic_bench attention")
+    if window is not None and window != kind.window:
+        raise ValueError(f"layer {module.layer_idx} attends a sliding window of {window} tokens, but its config makes "
+                         f"it a {kind.kind} layer{f' of window {kind.window}' if kind.window else ''}")
     out = handle.attend(module, query, key, value, attention_mask, scaling, kwargs)
     return out.transpose(1, 2).contiguous(), None
 
@@ -88,15 +114,44 @@ def register_attention() -> None:
     AttentionMaskInterface.register(ATTN_NAME, padding_mask)
 
 
-def attention_modules(model: nn.Module) -> list[nn.Module]:
-    """The attention modules of ``model`` in layer order (modules with ``layer_idx`` and ``k_proj``)."""
-    found = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "k_proj")]
+def softmax_modules(model: nn.Module) -> list[nn.Module]:
+    """The softmax attention modules of ``model`` in layer order: modules with ``layer_idx`` and ``k_proj`` (or MLA's
+    ``kv_b_proj``) whose layer calls the attention interface (full, MLA and sliding-window layers; `layer_kinds`)."""
+    kinds = layer_kinds(model.config)
+    found = [m for m in model.modules() if hasattr(m, "layer_idx") and (hasattr(m, "k_proj") or hasattr(m, "kv_b_proj"))
+             and kinds[m.layer_idx].softmax]
     if not found:
         raise ValueError(
             f"{type(model).__name__} has no attention modules with `layer_idx` and `k_proj`; elastic-bench supports "
             "models whose attention calls transformers' AttentionInterface (Llama, Qwen2/3, Mistral, ...)"
         )
     return sorted(found, key=lambda m: m.layer_idx)
+
+
+def attention_modules(model: nn.Module) -> list[nn.Module]:
+    """The attention modules a method plans, in layer order: those of the full softmax layers, MLA's included
+    (`LayerKind.routable`); not the sliding-window layers (the model's own sparsity) nor the linear ones (no
+    attention). Gate files, router checkpoints and decisions have one row per module of this list.
+
+    Raises:
+        ValueError: the model has no such layer.
+    """
+    kinds = layer_kinds(model.config)
+    found = [m for m in softmax_modules(model) if kinds[m.layer_idx].routable]
+    if not found:
+        raise ValueError(f"{type(model).__name__} has no full-attention layer for a method to plan (layer kinds: "
+                         f"{', '.join(sorted({k.kind for k in kinds}))})")
+    return found
+
+
+def key_dim(module: nn.Module) -> int:
+    """The width of one key head of attention ``module`` (MLA's ``qk_head_dim``: no-RoPE and RoPE parts together)."""
+    return int(getattr(module, "qk_head_dim", None) or module.head_dim)
+
+
+def module_device(module: nn.Module) -> torch.device:
+    """The device of ``module``'s weights."""
+    return next(module.parameters()).device
 
 
 class MethodHandle:
@@ -107,6 +162,8 @@ class MethodHandle:
         if kv_cache not in get_args(KVCache):
             raise ValueError(f"kv_cache must be one of {', '.join(get_args(KVCache))}, got {kv_cache!r}")
         self.method, self.model, self.backend, self.kv_cache = method, model, backend, kv_cache
+        self.kinds: tuple[LayerKind, ...] = layer_kinds(model.config)
+        self.cost = CostModel.of(model)
         self.meter = SparsityMeter()
         self.prefill_backends: Counter[str] = Counter()
         self.cache: PackedCache | None = None  # the packed cache of the running forward
@@ -131,7 +188,7 @@ class MethodHandle:
         past = kwargs[name] if name else None
         empty = past is not None and past.get_seq_length() == 0
         if self.kv_cache != "dynamic" and type(past) is DynamicCache and empty and kwargs.get("cu_seq_lens_q") is None:
-            past = kwargs[name] = PackedCache(evict=self.kv_cache == "evicting")
+            past = kwargs[name] = PackedCache(evict=self.kv_cache == "evicting", like=past)
         elif isinstance(past, PackedCache) and empty:
             if self.kv_cache == "dynamic":
                 raise ValueError("a packed KV cache was given to a forward under kv_cache='dynamic'")
@@ -167,21 +224,33 @@ class MethodHandle:
         return [{name: seconds.get(name, 0.0) for name in PARTS} for seconds in (t.totals() for t in self.parts)]
 
     def stats(self) -> dict[str, Any]:
-        """``omega_msr``, ``omega_esr``, ``omega_esr_last_row`` (means over samples), ``per_sample`` values,
-        ``prefill_backends`` (the kernel backend that ran each prefill call since the last reset: name → calls), and
-        the method's own statistics."""
-        per_sample = self._meter().per_sample()
-        means = sample_means(per_sample)
+        """``omega_msr``, ``omega_esr``, ``omega_esr_last_row``, ``omega_esr_model``, ``attention_share`` and
+        ``ceiling`` (means over samples; `elastic_bench.kernels.sparsity`, `elastic_bench.modeling.cost`),
+        ``per_sample`` values, ``routed_layers`` (the layers the method planned), ``prefill_backends`` (the kernel
+        backend that ran each prefill call since the last reset: name → calls), and the method's own statistics."""
+        meter = self._meter()
+        per_sample = [self._with_ceiling(sample) for sample in meter.per_sample()]
+        means = sample_means(per_sample, MEASURES)
         held, shard = self.last_cache, tensor_parallel(self.model)
         cache = {}
         if held is not None:
             nbytes = (held.nbytes(), held.full_nbytes())
             cache = dict(zip(("kv_bytes", "kv_bytes_full"), shard.sum(nbytes) if shard else nbytes))
         return {**means, "num_samples": len(per_sample), "per_sample": per_sample,
-                "prefill_backends": dict(self.prefill_backends), **cache, **self.method.extra_stats()}
+                "routed_layers": meter.routed_layers(), "prefill_backends": dict(self.prefill_backends), **cache,
+                **self.method.extra_stats()}
+
+    def _with_ceiling(self, sample: dict[str, float]) -> dict[str, float]:
+        """A `SparsityMeter.per_sample` entry with its ``ceiling`` (`CostModel.ceiling`) in place of the FLOPs and
+        tokens it was computed from."""
+        found = {k: sample[k] for k in STATISTICS}
+        found["ceiling"] = self.cost.ceiling(sample["tokens"], sample["attention_flops_full"],
+                                             sample["attention_share"])
+        return found
 
     def decisions(self) -> torch.Tensor:
-        """Prefill modes ``[N, L, H]`` (`Mode` values) of the N samples recorded since the last reset."""
+        """Prefill modes ``[N, L, H]`` (`Mode` values) of the N samples recorded since the last reset, over the L
+        layers the method planned (`attention_modules`)."""
         return self._meter().decisions()
 
     def _meter(self) -> SparsityMeter:
@@ -200,66 +269,95 @@ class MethodHandle:
         scaling: float | None,
         kwargs: dict[str, Any],
     ) -> torch.Tensor:
-        """Plan and compute one layer's attention; returns ``[B, Hq, Lq, D]``."""
+        """Plan and compute one layer's attention; returns ``[B, Hq, Lq, Dv]``."""
         layer = self.cache.layers[module.layer_idx] if self.cache is not None else None
         if layer is not None and layer.packed is not None:
             return decode_attention(query, layer.packed, scaling, self.backend)
         out = self._attend(module, query, key, value, mask, scaling, kwargs)
-        if layer is not None and (query.shape[2] == key.shape[2] or query.shape[2] == 1):  # a prefill, or a decode
-            self._pack(layer, module, query, key, value, mask, self.cache.evict)  # step after caller-fed chunks
-        return out
+        if layer is not None and not layer.settled and (query.shape[2] == key.shape[2] or query.shape[2] == 1):
+            self._pack(layer, module, query, key, value, mask, self.cache.evict, kwargs.get("s_aux"))  # a prefill,
+        return out  # or a decode step after caller-fed chunks
 
-    def _pack(self, layer: PackedLayer, module: nn.Module, query, key, value, mask, evict: bool) -> None:
+    def _pack(self, layer: PackedLayer, module: nn.Module, query, key, value, mask, evict: bool, sinks) -> None:
+        """Pack ``layer`` (holding this forward's dense keys and values) by its decode plan: the window of a sliding
+        layer, the method's plan of a routed one; an MLA layer (its latent) and a layer with sinks stay dense."""
         B = query.shape[0]
-        call = AttentionCall(module, query[:, :, -1:], key, value, None, list(range(B)))
         starts = [0] * B if mask is None else (mask.shape[1] - mask.sum(1)).tolist()  # left padding (checked)
-        layer.pack(self.method.decode_plan(call), starts, evict=evict)
+        kind = self.kinds[module.layer_idx]
+        if kind.kind == "mla" or sinks is not None:
+            layer.hold_dense(starts)
+            return
+        call = AttentionCall(module, query[:, :, -1:], key, value, None, list(range(B)))
+        plan = window_plan(kind, B, key.shape[1]) if kind.kind == "sliding" else self.method.decode_plan(call)
+        layer.pack(plan, starts, evict=evict)
 
     def pack_cache(self, cache, evict: bool) -> PackedCache:
         """A `PackedCache` of the unpadded prompt in transformers' ``cache`` (after a prefill under this handle), packed
         by the method's decode plans as the glue packs each layer after its prefill; ``cache`` is left as it was."""
         packed = PackedCache(evict=evict)
-        for module in attention_modules(self.model):
+        for module in softmax_modules(self.model):
+            if module.layer_idx != len(packed.layers) or self.kinds[module.layer_idx].kind == "mla":
+                raise ValueError("a static packed cache (decode graphs) needs every layer packed: this model has "
+                                 "linear-attention or MLA layers")
             dense = cache.layers[module.layer_idx]
             layer = PackedLayer()
             layer.update(dense.keys, dense.values)
             B, H, _, D = dense.keys.shape
             group = module.config.num_attention_heads // module.config.num_key_value_heads  # query heads per KV head
             query = dense.keys.new_empty((B, H * group, 1, D))
-            self._pack(layer, module, query, dense.keys, dense.values, None, evict)
+            self._pack(layer, module, query, dense.keys, dense.values, None, evict, getattr(module, "sinks", None))
             packed.layers.append(layer)
         return packed
 
     def _attend(self, module, query, key, value, mask, scaling, kwargs) -> torch.Tensor:
-        keys = getattr(module, _KEYS, None) if self.method.needs_pre_rope_keys else None
-        route = kwargs.get("training_route")
+        keys = _pre_rope_keys(module) if self.method.needs_pre_rope_keys else None
+        route, sinks = kwargs.get("training_route"), kwargs.get("s_aux")
         pieces = _pieces(query, key, mask, kwargs)
         if pieces is None:
-            call = AttentionCall(module, query, key, value, keys, list(range(query.shape[0])), route)
+            call = AttentionCall(module, query, key, value, keys, list(range(query.shape[0])), route, sinks)
             return self._compute(call, scaling)
-        out = torch.zeros_like(query)
+        out = query.new_zeros((*query.shape[:3], value.shape[-1]))
         for sample, row, q_sl, k_sl in pieces:
             if q_sl.start >= q_sl.stop:  # a fully padded row
                 continue
             sub_keys = keys[row : row + 1, :, q_sl] if keys is not None else None
             call = AttentionCall(
                 module, query[row : row + 1, :, q_sl], key[row : row + 1, :, k_sl], value[row : row + 1, :, k_sl],
-                sub_keys, [sample], route,
+                sub_keys, [sample], route, sinks,
             )
             out[row : row + 1, :, q_sl] = self._compute(call, scaling)
         return out
 
     def _compute(self, call: AttentionCall, scaling: float | None) -> torch.Tensor:
+        """The call's attention: the method's plan of a routed layer, the window of a sliding one (the model's own,
+        computed here); its pairs recorded at prefill. Each part is marked for a prefill timed apart (`PartTimer`)."""
+        kind = self.kinds[call.layer_idx]
+        own = not kind.routable
         with part("routing"):
-            plan = self.method.plan(call)
+            plan = window_plan(kind, call.batch_size, call.num_kv_heads) if own else self.method.plan(call)
         backend = resolve_backend(self.backend, call.query.device, call.key.shape[2])  # what `auto` runs for this call
         if call.phase != "decode":
+            q, k, v = call.query, call.key, call.value
             with part("accounting"):
-                counts = pair_counts(plan, call.query.shape[2], call.key.shape[2], call.query.shape[1])
-                self.meter.record(call.layer_idx, call.phase, call.sample_ids, plan, counts)
+                counts = pair_counts(plan, q.shape[2], k.shape[2], q.shape[1])
+                self.meter.record(call.layer_idx, call.phase, call.sample_ids, plan, counts, own=own,
+                                  pair_flops=pair_flops(q.shape[1], k.shape[1], k.shape[-1], v.shape[-1]))
             self.prefill_backends[backend] += 1
         with part("attention"):
+            if own:
+                return hybrid_attention(call.query, call.key, call.value, plan, scale=scaling, backend=backend,
+                                        sinks=call.sinks)
             return self.method.attend(call, plan, scaling, backend)
+
+
+MEASURES = (*STATISTICS, "ceiling")  # what `MethodHandle.stats` averages over samples
+
+
+def window_plan(kind: LayerKind, batch_size: int, num_kv_heads: int) -> HeadPlan:
+    """The plan of a sliding-window layer: every head STREAMING over the last ``kind.window`` tokens, no sink (host
+    modes)."""
+    geometry = StreamingGeometry(sink=0, local=kind.window, granularity="token")
+    return HeadPlan.uniform(Mode.STREAMING, batch_size, num_kv_heads, streaming=geometry)
 
 
 def _pieces(query, key, mask, kwargs) -> list[tuple[int, int, slice, slice]] | None:
@@ -291,20 +389,55 @@ def model_parts(model: nn.Module) -> list[nn.Module]:
     attention module; the attention's own parts are nested in it) and every leaf module outside them (embeddings,
     final norm, rotary embedding, LM head)."""
     modules = dict(model.named_modules())
-    attention = {id(m) for m in attention_modules(model)}
+    attention = {id(m) for m in softmax_modules(model)}
     layers = [name.rpartition(".")[0] for name, m in modules.items() if id(m) in attention]
     outside = [m for name, m in modules.items() if next(m.children(), None) is None
                and not any(name == layer or name.startswith(layer + ".") for layer in layers)]
     return [modules[layer] for layer in layers] + outside
 
 
-def _capture_keys(module: nn.Module, head_dim: int):
+def _capture_keys(module: nn.Module, head_dim: int, name: str = _KEYS, width: slice | None = None):
+    """A forward hook that keeps its output ``[B, L, H·head_dim]`` (or ``[B, 1, L, H·head_dim]``: MLA's latent) as
+    ``[B, H, L, head_dim]`` keys on ``module`` under ``name``; ``width``: the columns of each head to keep."""
+
     def hook(_, __, output: torch.Tensor) -> None:
-        B, L = output.shape[:2]
-        keys = output.detach().view(B, L, -1, head_dim).transpose(1, 2)  # this rank's KV heads under tensor parallelism
-        setattr(module, _KEYS, keys)
+        B, L = output.shape[0], output.shape[-2]
+        keys = output.detach().reshape(B, L, -1, head_dim).transpose(1, 2)  # this rank's KV heads under TP
+        setattr(module, name, keys if width is None else keys[..., width])
 
     return hook
+
+
+_ROPE_KEYS = "_elastic_bench_pre_rope_shared_keys"  # MLA: the RoPE part of the keys, shared by the heads
+
+
+def _key_hooks(module: nn.Module) -> list[tuple[nn.Module, Any]]:
+    """(source module, forward hook) pairs that capture ``module``'s pre-RoPE keys: the output of ``k_proj`` (its
+    ``k_norm``, where it has one, applied by `_pre_rope_keys`: a norm over each head's vector, whatever order of axes
+    the model calls it in); for MLA each head's no-RoPE key from ``kv_b_proj`` and the shared RoPE part from
+    ``kv_a_proj_with_mqa``, before rotation."""
+    if hasattr(module, "kv_b_proj"):
+        nope, rope = module.qk_nope_head_dim, module.qk_rope_head_dim
+        return [(module.kv_b_proj, _capture_keys(module, nope + module.v_head_dim, width=slice(0, nope))),
+                (module.kv_a_proj_with_mqa, _capture_keys(module, module.kv_lora_rank + rope, _ROPE_KEYS,
+                                                          slice(module.kv_lora_rank, None)))]
+    return [(module.k_proj, _capture_keys(module, module.head_dim))]
+
+
+def _pre_rope_keys(module: nn.Module) -> torch.Tensor | None:
+    """``[B, H, L, D]`` pre-RoPE keys of the call's L tokens captured by `_key_hooks`: after ``k_norm`` where the
+    module has one; for MLA the no-RoPE part, then the RoPE part shared by the heads."""
+    keys = getattr(module, _KEYS, None)
+    if keys is None:
+        return None
+    if hasattr(module, "k_norm"):
+        with torch.no_grad():
+            return module.k_norm(keys)
+    shared = getattr(module, _ROPE_KEYS, None)
+    if shared is None:
+        return keys
+    current = keys[:, :, keys.shape[2] - shared.shape[2]:]  # kv_b_proj decompresses the cached tokens too
+    return torch.cat([current, shared.expand(-1, keys.shape[1], -1, -1)], dim=-1)
 
 
 @contextmanager
@@ -335,7 +468,8 @@ def apply(
         print(handle.stats()["omega_esr"])
     """
     register_attention()
-    modules = attention_modules(model)
+    modules = softmax_modules(model)
+    routed = {id(m) for m in attention_modules(model)}
     handle = MethodHandle(method, model, backend, kv_cache, time_parts)
     method.setup(model)
     hooks = [model.register_forward_pre_hook(lambda _, args, kwargs: handle.begin_forward(args, kwargs),
@@ -344,10 +478,8 @@ def apply(
     try:
         for module in modules:
             setattr(module, _HANDLE, handle)
-            if method.needs_pre_rope_keys:
-                source = module.k_norm if hasattr(module, "k_norm") else module.k_proj
-                capture = _capture_keys(module, module.head_dim)
-                hooks.append(source.register_forward_hook(capture))
+            if method.needs_pre_rope_keys and id(module) in routed:
+                hooks += [source.register_forward_hook(hook) for source, hook in _key_hooks(module)]
         with attention_implementation(model, ATTN_NAME):
             yield handle
     finally:
@@ -355,7 +487,7 @@ def apply(
         for hook in hooks:
             hook.remove()
         for module in modules:
-            for attr in (_HANDLE, _KEYS):
+            for attr in (_HANDLE, _KEYS, _ROPE_KEYS):
                 if hasattr(module, attr):
                     delattr(module, attr)
         method.teardown(model)

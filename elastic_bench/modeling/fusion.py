@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from elastic_bench.modeling.attention import attention_modules
+from elastic_bench.modeling.attention import softmax_modules
 
 # Inductor rounds each intermediate to the dtype eager would have produced, so fused steps give eager's tokens.
 _OPTIONS = {"emulate_precision_casts": True}
@@ -31,7 +31,7 @@ def fusable_modules(model: nn.Module) -> list[nn.Module]:
     """The largest submodules of ``model`` that hold no attention module and have parameters or buffers, except bare
     linear and embedding layers: on Llama each layer's two norms and MLP, the final norm and the rotary embedding; on
     Qwen3 also the query and key norms inside attention."""
-    attention = {id(m) for m in attention_modules(model)}
+    attention = {id(m) for m in softmax_modules(model)}
     holders = {id(model)}  # the modules on the way from the model to an attention module, and those modules
     for name, module in model.named_modules():
         if id(module) in attention:
@@ -63,7 +63,7 @@ def fused_ops(model: nn.Module) -> Iterator[list[nn.Module]]:
     """
     modules = fusable_modules(model)
     saved = [(m, m.__dict__.get("forward")) for m in modules]
-    owners = dict.fromkeys(sys.modules[type(a).__module__] for a in attention_modules(model))
+    owners = dict.fromkeys(sys.modules[type(a).__module__] for a in softmax_modules(model))
     rotary = [(owner, getattr(owner, _ROTARY)) for owner in owners if callable(getattr(owner, _ROTARY, None))]
     try:
         for module in modules:

@@ -140,6 +140,15 @@ def stop_ids(model, tokenizer) -> set[int]:
     return ids
 
 
+def empty_cache(model):
+    """The empty cache a generation starts with: transformers' `DynamicCache` made from the model's config, so a
+    hybrid model's linear-attention layers get their recurrent-state layers (inside `elastic_bench.apply`, a
+    `PackedCache` made like it takes its place)."""
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
 def _forward(model, ids: torch.Tensor, cache, **kwargs):
     """One cached forward → (last logits ``[B, V]``, the cache it returns); the cache is passed by keyword, so
     `elastic_bench.apply` may swap in its packed cache."""
@@ -275,7 +284,6 @@ def generate(
     Returns:
         A `Batch`: each prompt's tokens and cache bytes, the batch's prefill and decode seconds.
     """
-    from transformers import DynamicCache
 
     device = next(model.parameters()).device
     graphs = DecodeGraphs() if decode_graphs is True else decode_graphs or None
@@ -299,7 +307,7 @@ def generate(
         batch = LeftPadded.of(prompts, pad_id, device)
         padding = {"attention_mask": batch.mask, "position_ids": batch.positions} if batch.padded else {}
         with timer.span():
-            logits, cache = _forward(model, batch.ids, DynamicCache(), logits_to_keep=1, **padding)
+            logits, cache = _forward(model, batch.ids, empty_cache(model), logits_to_keep=1, **padding)
         mask = padding.get("attention_mask")  # attended at decode by a cache that keeps the padding (not a packed one)
     packed = isinstance(cache, PackedCache)
     live = list(range(B))  # the prompt of each row of the running batch
@@ -344,14 +352,13 @@ def generate(
 def _prefill_alone(model, prompt: list[int], cache: PackedCache, row: Row, timed: bool) -> torch.Tensor:
     """Prefill ``prompt`` alone and add its packed cache to the static ``cache``; its last logits ``[1, V]``. ``timed``:
     with nothing else pending, its seconds in ``row.prefill_seconds``."""
-    from transformers import DynamicCache
 
     device = next(model.parameters()).device
     timer = DeviceTimer(device)
     if timed and device.type == "cuda":
         torch.cuda.synchronize(device)
     with timer.span() if timed else contextlib.nullcontext():
-        logits, alone = _forward(model, torch.tensor([prompt], device=device), DynamicCache(), logits_to_keep=1)
+        logits, alone = _forward(model, torch.tensor([prompt], device=device), empty_cache(model), logits_to_keep=1)
     if not isinstance(alone, PackedCache):
         raise ValueError("decode graphs need a packed KV cache: generate inside elastic_bench.apply, kv_cache "
                          "'evicting' or 'full'")
@@ -404,10 +411,9 @@ def warm_up(model, input_ids: list[int], decode_graphs: bool | DecodeGraphs = Fa
 @torch.inference_mode()
 def _warm_step(model, input_ids: list[int], fused: bool) -> None:
     """A prefill and one decode step (inside `fused_ops` when ``fused``)."""
-    from transformers import DynamicCache
 
     device = next(model.parameters()).device
-    logits, cache = _forward(model, torch.tensor([input_ids], device=device), DynamicCache(), logits_to_keep=1)
+    logits, cache = _forward(model, torch.tensor([input_ids], device=device), empty_cache(model), logits_to_keep=1)
     with fused_ops(model) if fused else contextlib.nullcontext():
         _forward(model, logits.argmax(-1)[:, None], cache)
 
@@ -437,15 +443,14 @@ def fitting_batch(model, prompt: list[int], most: int, decode_graphs: bool | Dec
 def _fill_static(model, prompt: list[int], rows: int, row_slots: int) -> None:
     """A static cache of ``rows`` copies of ``prompt``'s packed cache (``row_slots`` slots per row), a prefill beside
     it and a decode step over it: the memory of a batch of that shape at its peak, all released on return."""
-    from transformers import DynamicCache
 
     device = next(model.parameters()).device
     cache = PackedCache(row_slots=row_slots, rows=rows)
     ids = torch.tensor([prompt], device=device)
-    logits, alone = _forward(model, ids, DynamicCache(), logits_to_keep=1)
+    logits, alone = _forward(model, ids, empty_cache(model), logits_to_keep=1)
     for _ in range(rows):
         cache.add_sample(alone)
     del alone
-    _forward(model, ids, DynamicCache(), logits_to_keep=1)
+    _forward(model, ids, empty_cache(model), logits_to_keep=1)
     _forward(model, logits.argmax(-1).expand(rows)[:, None], cache,
              position_ids=torch.full((rows, 1), len(prompt), device=device))

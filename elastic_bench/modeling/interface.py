@@ -41,7 +41,8 @@ class AttentionCall:
     Attributes:
         module: the model's attention module (``layer_idx``, ``config``, anything a method attached in ``setup``).
         query: ``[B, Hq, Lq, D]`` post-RoPE queries.
-        key, value: ``[B, H, Lk, D]`` post-RoPE keys/values, cache included, not repeated for GQA.
+        key, value: ``[B, H, Lk, D]`` post-RoPE keys, ``[B, H, Lk, Dv]`` values, cache included, not repeated for GQA
+            (``Dv < D`` in multi-head latent attention).
         pre_rope_keys: ``[B, H, Lq, D]`` keys of the current tokens before RoPE (after ``k_norm`` where the model has
             one), or None unless the method sets ``needs_pre_rope_keys``.
         sample_ids: index of each batch row among the samples of the current forward (rows of a padded or packed
@@ -49,6 +50,8 @@ class AttentionCall:
         training_route: what a training forward passed as its ``training_route`` keyword (transformers hands a
             forward's extra keywords to the attention function), or None at inference. A method that trains reads
             its training state from it and writes its decisions back into it.
+        sinks: ``[Hq]`` learned sink logits of the layer (gpt-oss's ``s_aux``), or None; `hybrid_attention` takes
+            them.
     """
 
     module: nn.Module
@@ -58,6 +61,7 @@ class AttentionCall:
     pre_rope_keys: torch.Tensor | None = None
     sample_ids: list[int] | None = None
     training_route: Any = None
+    sinks: torch.Tensor | None = None
 
     @property
     def layer_idx(self) -> int:
@@ -130,10 +134,10 @@ class Method:
         return HeadPlan.full(call.batch_size, call.num_kv_heads)  # host modes: no device synchronisation
 
     def attend(self, call: AttentionCall, plan: HeadPlan, scale: float | None, backend: str) -> torch.Tensor:
-        """Compute the call's attention ``[B, Hq, Lq, D]`` under ``plan`` on the concrete ``backend`` the glue
+        """Compute the call's attention ``[B, Hq, Lq, Dv]`` under ``plan`` on the concrete ``backend`` the glue
         resolved. Methods that train (e.g. mixing a FULL and a sparse branch per head) override this; inference
         methods keep the default."""
-        return hybrid_attention(call.query, call.key, call.value, plan, scale=scale, backend=backend)
+        return hybrid_attention(call.query, call.key, call.value, plan, scale=scale, backend=backend, sinks=call.sinks)
 
     def extra_stats(self) -> dict[str, Any]:
         """Method-specific statistics merged into `MethodHandle.stats` (e.g. realised sparsity of a gate file)."""

@@ -32,6 +32,11 @@ Design decisions:
   vectors) and the decode kernel's host integers keep their addresses from one batch to the next. Samples not added
   to a batch hold empty rows that ride along. The bytes counted are still the tokens the method keeps.
 - Decode plans with BLOCK_SPARSE heads or a chunked geometry are refused when packing (no method decodes so).
+- A layer the glue does not pack (an MLA layer, whose cache holds transformers' compressed latent; a layer with learned
+  sinks) stays a dense `DynamicLayer` whose samples' tokens are counted (`PackedLayer.hold_dense`): its bytes kept
+  equal a full cache's. In a model with layers of other kinds (linear attention's recurrent state), a `PackedCache`
+  made ``like`` transformers' cache of the model keeps those layers as they are; they hold no keys nor values and
+  are not counted.
 """
 
 from __future__ import annotations
@@ -40,12 +45,13 @@ import dataclasses
 import functools
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer
 
 from elastic_bench.kernels import HeadPlan, Mode
 from elastic_bench.kernels.decode import AppendRule, PackedKV, append_token
 
 GROW = 256  # decode tokens of room per kept row, added again whenever it runs out
+KV_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer)  # transformers' key-value layers a `PackedLayer` stands for
 CACHE_KEYWORDS = ("cache", "past_key_values")  # a forward's cache argument: transformers >= 5.24, and before
 
 
@@ -90,9 +96,21 @@ class PackedLayer(DynamicLayer):
         self.packed: PackedKV | None = None
         self.row_slots, self.rows = row_slots, rows
         self.ints: tuple | None = None  # a static layer's geometry: heads, width, dtype, ring and window integers
-        self.lengths: list[int] = []  # each sample's prompt tokens (host), once packed or added
+        self.lengths: list[int] = []  # each sample's prompt tokens (host), once packed, added or held dense
         self.caps: list[int] = []  # each row's slots (host)
         self.rings: list[bool] = []  # whether each row is a ring (host)
+        self.dense = False  # held dense after its prefill (`hold_dense`)
+
+    @property
+    def settled(self) -> bool:
+        """Whether the layer's prompt was packed or held dense (the glue packs a layer once)."""
+        return self.packed is not None or self.dense
+
+    def hold_dense(self, starts: list[int]) -> None:
+        """Keep the dense prompt ``[B, H, L, D]`` as it is (a `DynamicLayer`), counting each sample's tokens from
+        ``starts`` (its first real token) for `sample_nbytes`."""
+        self.lengths = [self.keys.shape[2] - s for s in starts]
+        self.steps, self.dense = 0, True
 
     # ---- packing -------------------------------------------------------------------------------------------------
 
@@ -203,6 +221,8 @@ class PackedLayer(DynamicLayer):
         """Dense: transformers' `DynamicLayer.update`. Packed: write the new token (``[B, H, 1, D]``) into its slots
         and return its states (the glue attends the packed rows)."""
         if self.packed is None:
+            if self.dense:
+                self.steps += key_states.shape[2]
             return super().update(key_states, value_states, *args, **kwargs)
         if key_states.shape[2] != 1:
             raise NotImplementedError("a packed KV cache continues one token at a time; for a prefill fed in chunks "
@@ -255,6 +275,9 @@ class PackedLayer(DynamicLayer):
         are selected, so the decode kernels no longer visit the dropped rows."""
         if self.packed is None:
             super().batch_select_indices(indices)
+            if self.dense:
+                self.lengths = [self.lengths[b] for b in (indices.tolist() if isinstance(indices, torch.Tensor)
+                                                          else list(indices))]
             return
         if self.row_slots:
             raise NotImplementedError("a static packed cache keeps its batch shape")
@@ -274,7 +297,12 @@ class PackedLayer(DynamicLayer):
         """(kept, full) bytes of batch row ``sample`` alone, once packed: the keys and values of the tokens its rows
         hold (a ring row at most its ``sink_end + window_span`` slots, any other row every token), and those of all its
         tokens in every row, ``[H, tokens, D]`` keys and values (prompt without padding, plus the decode tokens);
-        counted on the host. kept <= full, equal when no row of the sample is a ring."""
+        counted on the host. kept <= full, equal when no row of the sample is a ring. A layer held dense: its sample's
+        tokens, in full."""
+        if self.dense:
+            width = sum(t.shape[1] * t.shape[3] * t.element_size() for t in (self.keys, self.values))
+            tokens = (self.lengths[sample] + self.steps) * width
+            return tokens, tokens
         kv = self.packed
         width = kv.keys.shape[1] * (kv.keys.element_size() + kv.values.element_size())
         tokens = self.lengths[sample] + self.steps
@@ -290,13 +318,13 @@ class PackedLayer(DynamicLayer):
     def nbytes(self) -> int:
         """Bytes of the keys and values kept: those of the samples' packed rows (`sample_nbytes`), or the dense
         ones."""
-        if self.packed is not None:
+        if self.settled:
             return sum(self.sample_nbytes(b)[0] for b in range(len(self.lengths)))
         return sum(t.numel() * t.element_size() for t in (self.keys, self.values) if t is not None)
 
     def full_nbytes(self) -> int:
         """Bytes a `DynamicCache` would hold for the samples' own tokens (``[H, tokens, D]`` keys and values each)."""
-        if self.packed is None:
+        if not self.settled:
             return self.nbytes()
         return sum(self.sample_nbytes(b)[1] for b in range(len(self.lengths)))
 
@@ -316,6 +344,7 @@ class PackedLayer(DynamicLayer):
         self.packed = None
         self.keys = self.values = None
         self.is_initialized = False
+        self.dense, self.lengths = False, []
         super().reset()
 
     def _refuse(self, what: str) -> None:
@@ -336,12 +365,15 @@ class PackedLayer(DynamicLayer):
 
 
 class PackedCache(Cache):
-    """A transformers cache of `PackedLayer` layers (created lazily, one per attention layer).
+    """A transformers cache of `PackedLayer` layers (created lazily, one per attention layer, or made ``like`` a cache).
 
     Args:
         evict: STREAMING rows keep sink + window only (True), or every token (False: decode applies the window by
             mask, as upstream). Inside `elastic_bench.apply`, a forward given an empty `PackedCache` sets it from
             ``kv_cache``.
+        like: an empty transformers cache whose layers were made from the model's config (``DynamicCache(config=...)``):
+            its key-value layers (full or sliding) become `PackedLayer` layers, its others (linear attention) are kept;
+            None, or a cache without layers yet: `PackedLayer` layers created as the model updates them.
         row_slots, rows: a static cache of ``rows`` samples: every row of every layer has ``row_slots`` slots at a
             fixed place, the samples are added one at a time from prompts packed alone (`add_sample`), and the tensors
             keep their addresses from one batch (after `reset`) to the next, so that a CUDA graph of the decode step
@@ -349,11 +381,14 @@ class PackedCache(Cache):
             needed, filled by a prefill.
     """
 
-    def __init__(self, evict: bool = True, row_slots: int = 0, rows: int = 0):
+    def __init__(self, evict: bool = True, row_slots: int = 0, rows: int = 0, like: Cache | None = None):
         if bool(row_slots) != bool(rows):
             raise ValueError("a static packed cache needs both row_slots and rows")
-        super().__init__(layer_class_to_replicate=functools.partial(PackedLayer, row_slots, rows) if row_slots
-                         else PackedLayer)
+        if like is not None and like.layers:
+            super().__init__(layers=[PackedLayer() if type(layer) in KV_LAYERS else layer for layer in like.layers])
+        else:
+            super().__init__(layer_class_to_replicate=functools.partial(PackedLayer, row_slots, rows) if row_slots
+                             else PackedLayer)
         self.evict = evict
         self.row_slots, self.rows = row_slots, rows
 
@@ -362,31 +397,40 @@ class PackedCache(Cache):
         (`PackedLayer.add_sample`)."""
         if not self.row_slots:
             raise ValueError("add_sample fills a static packed cache (row_slots and rows)")
+        if not all(isinstance(layer, PackedLayer) and layer.packed is not None for layer in source.layers):
+            raise ValueError("a static packed cache (decode graphs) takes prompts whose every layer is packed; this "
+                             "model has layers that are not (linear attention, MLA or learned sinks): run it without "
+                             "decode graphs")
         while len(self.layers) < len(source.layers):
             self.layers.append(self.layer_class_to_replicate())
         for mine, theirs in zip(self.layers, source.layers):
             mine.add_sample(theirs)
 
+    @property
+    def kv_layers(self) -> list[PackedLayer]:
+        """The layers that hold keys and values (not a linear-attention layer's state)."""
+        return [layer for layer in self.layers if isinstance(layer, PackedLayer)]
+
     def reserve(self, tokens: int) -> None:
         """Room for ``tokens`` more decode tokens in every layer (`PackedLayer.reserve`)."""
-        for layer in self.layers:
+        for layer in self.kv_layers:
             layer.reserve(tokens)
 
     def advance(self) -> None:
         """Count one decode token in every layer on the host (after a CUDA-graph replay of a step)."""
-        for layer in self.layers:
+        for layer in self.kv_layers:
             layer.advance()
 
     def nbytes(self) -> int:
         """Bytes of the keys and values kept by all layers (`PackedLayer.sample_nbytes`)."""
-        return sum(layer.nbytes() for layer in self.layers)
+        return sum(layer.nbytes() for layer in self.kv_layers)
 
     def full_nbytes(self) -> int:
         """Bytes a `DynamicCache` would hold for the same tokens."""
-        return sum(layer.full_nbytes() for layer in self.layers)
+        return sum(layer.full_nbytes() for layer in self.kv_layers)
 
     def sample_nbytes(self, sample: int) -> tuple[int, int]:
         """(kept, full) bytes of keys and values of batch row ``sample`` alone, over all layers
         (`PackedLayer.sample_nbytes`): what a generation of that sample alone would keep, and a `DynamicCache` hold."""
-        counts = [layer.sample_nbytes(sample) for layer in self.layers]
+        counts = [layer.sample_nbytes(sample) for layer in self.kv_layers]
         return sum(held for held, _ in counts), sum(full for _, full in counts)

@@ -1,4 +1,4 @@
-"""Model loading: a local path or hub id, the tiny random models ``tiny:qwen3`` / ``tiny:llama``, ``testbed``, or
+"""Model loading: a local path or hub id, the tiny random models ``tiny:<family>``, ``testbed``, or
 ``random:<preset>``.
 
 A local path is a transformers folder (with config.json), a GGUF file, or a folder holding one GGUF file; a GGUF
@@ -6,10 +6,13 @@ checkpoint is dequantized in memory by transformers (``gguf_file``; the ``gguf``
 
 The tiny models are random weights from a small config (seeded), with tokenizers built offline: byte-level for
 ``tiny:qwen3``, a small subword (byte-level BPE) vocabulary trained on the spot for ``tiny:llama``, so tests see two
-tokenizers of different granularity. They need no download and exist for tests and smoke runs. ``testbed`` is the
-project's own small long-context model, shipped inside the package. ``random:llama-3.1-8b`` / ``random:qwen3-8b`` /
-``random:llama-3.1-70b`` are random weights at the real shapes, built directly on the target device, for speed and
-memory measurements (with the byte-level tokenizer).
+tokenizers of different granularity. They need no download and exist for tests and smoke runs. The other tiny
+families (`TINY_FAMILIES`: Qwen3-MoE, Qwen3-Next, Qwen3.5, Gemma 3, gpt-oss, DeepSeek-V3) are the same small shapes in
+each family's architecture, with the byte-level tokenizer: MoE blocks of few experts, and each family's layer kinds
+(linear attention, sliding windows, MLA; `elastic_bench.modeling.layer_kinds`). ``testbed`` is the project's own
+small long-context model, shipped inside the package. ``random:<preset>`` (`RANDOM_PRESETS`) are random weights at
+the real shapes of a published model, built directly on the target device, for speed and memory measurements (with
+the byte-level tokenizer); docs/architectures.md cites each preset's config.
 
 A spec is resolved once (`resolve_model`) into a `ModelSource`: its kind, where its files are, its folder label and
 the positions it was trained for; `load_model` and a run take that object, so nothing parses the spec again.
@@ -36,8 +39,40 @@ from elastic_bench.foundation.registry import did_you_mean
 from elastic_bench.foundation.torchrun import torchrun_env
 
 TESTBED_DIR = Path(__file__).resolve().parents[1] / "data" / "testbed"
-TINY_ARCHITECTURES = ("qwen3", "llama")
-# Real shapes for speed and memory measurements (random weights).
+
+
+def _alternating(pattern: list[str], layers: int) -> list[str]:
+    """``layers`` layer types repeating ``pattern``."""
+    return [pattern[i % len(pattern)] for i in range(layers)]
+
+
+_LINEAR_3_1 = ["linear_attention"] * 3 + ["full_attention"]  # Qwen3-Next / Qwen3.5: full attention one layer in four
+# Tiny random models: `TINY_SHAPES` in each family's architecture (transformers' model type), with these fields beside.
+TINY_FAMILIES: dict[str, dict] = {
+    "qwen3": {},
+    "llama": {},
+    "qwen3_moe": dict(moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2),
+    "qwen3_next": dict(num_hidden_layers=4, layer_types=["linear_attention", "full_attention"] * 2,
+                       moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
+                       num_experts_per_tok=2, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                       linear_value_head_dim=16),
+    "qwen3_5_text": dict(num_hidden_layers=4, layer_types=["linear_attention", "full_attention"] * 2,
+                         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                         linear_value_head_dim=16),
+    "gemma3_text": dict(num_hidden_layers=3, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                        sliding_window=64, query_pre_attn_scalar=16),
+    "gpt_oss": dict(layer_types=["sliding_attention", "full_attention"], sliding_window=64, num_local_experts=4,
+                    num_experts_per_tok=2, intermediate_size=64, rope_parameters=dict(rope_type="default",
+                                                                                      rope_theta=1e6)),
+    # MLA: 4 heads of 16 + 8 key dims (no-RoPE, RoPE: the rotary's head_dim) and 16 value dims over a 32-dim latent;
+    # layer 1 MoE
+    "deepseek_v3": dict(num_key_value_heads=4, head_dim=8, kv_lora_rank=32, q_lora_rank=32, qk_nope_head_dim=16,
+                        qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
+                        n_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=1, moe_intermediate_size=32,
+                        rope_parameters=dict(rope_type="default", rope_theta=1e6)),
+}
+TINY_ARCHITECTURES = tuple(TINY_FAMILIES)
+# Real shapes for speed and memory measurements (random weights); docs/architectures.md cites the configs.
 RANDOM_PRESETS = {
     "llama-3.1-8b": dict(arch="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                          num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
@@ -51,6 +86,42 @@ RANDOM_PRESETS = {
                           rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
                                                high_freq_factor=4.0, original_max_position_embeddings=8192),
                           max_position_embeddings=131072, tie_word_embeddings=False),
+    # hybrid: 48 Gated DeltaNet layers, 16 full-attention ones (Qwen/Qwen3.5-27B, text_config)
+    "qwen3.5-27b": dict(arch="qwen3_5_text", hidden_size=5120, intermediate_size=17408, num_hidden_layers=64,
+                        layer_types=_alternating(_LINEAR_3_1, 64), num_attention_heads=24, num_key_value_heads=4,
+                        head_dim=256, linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128,
+                        linear_value_head_dim=128, linear_conv_kernel_dim=4, vocab_size=248320,
+                        rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25),
+                        max_position_embeddings=262144, tie_word_embeddings=False),
+    # sliding window: 5 local layers of 1,024 tokens, then a global one (google/gemma-3-27b-it, text_config)
+    "gemma-3-27b": dict(arch="gemma3_text", hidden_size=5376, intermediate_size=21504, num_hidden_layers=62,
+                        layer_types=_alternating(["sliding_attention"] * 5 + ["full_attention"], 62),
+                        num_attention_heads=32, num_key_value_heads=16, head_dim=128, query_pre_attn_scalar=168,
+                        sliding_window=1024, vocab_size=262208, max_position_embeddings=131072,
+                        rope_parameters={"sliding_attention": dict(rope_type="default", rope_theta=10000.0),
+                                         "full_attention": dict(rope_type="linear", rope_theta=1e6, factor=8.0)},
+                        tie_word_embeddings=True),
+    # sliding window 128 every other layer, learned sinks, 32 experts top-4 (openai/gpt-oss-20b)
+    "gpt-oss-20b": dict(arch="gpt_oss", hidden_size=2880, intermediate_size=2880, num_hidden_layers=24,
+                        layer_types=_alternating(["sliding_attention", "full_attention"], 24), sliding_window=128,
+                        num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=32,
+                        num_experts_per_tok=4, vocab_size=201088, max_position_embeddings=131072,
+                        rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0,
+                                             beta_slow=1.0, original_max_position_embeddings=4096, truncate=False),
+                        tie_word_embeddings=False),
+    # MoE: 128 experts top-8 (Qwen/Qwen3-30B-A3B)
+    "qwen3-30b-a3b": dict(arch="qwen3_moe", hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                          num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                          num_experts=128, num_experts_per_tok=8, vocab_size=151936, rope_theta=1000000.0,
+                          tie_word_embeddings=False),
+    # MLA in DeepSeek-V3's architecture, 64 experts top-6 and 2 shared (moonshotai/Moonlight-16B-A3B)
+    "moonlight-16b-a3b": dict(arch="deepseek_v3", hidden_size=2048, intermediate_size=11264, moe_intermediate_size=1408,
+                              num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16, head_dim=64,
+                              kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                              v_head_dim=128, n_routed_experts=64, num_experts_per_tok=6, n_shared_experts=2,
+                              n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.446,
+                              vocab_size=163840, rope_parameters=dict(rope_type="default", rope_theta=50000.0),
+                              tie_word_embeddings=False),
 }
 NAMED_MODELS = [*(f"tiny:{a}" for a in TINY_ARCHITECTURES), "testbed", *(f"random:{p}" for p in RANDOM_PRESETS)]
 
@@ -173,7 +244,7 @@ class ModelSource:
         """The model's transformers config, read without the weights (for a GGUF checkpoint this checks that
         transformers can load its architecture: a ValueError otherwise)."""
         if self.kind == "tiny":
-            return _config(self.name, **TINY_SHAPES)
+            return _config(self.name, **(TINY_SHAPES | TINY_FAMILIES[self.name]))
         if self.kind == "random":
             fields = dict(RANDOM_PRESETS[self.name])
             return _config(fields.pop("arch"), **fields)
@@ -291,7 +362,8 @@ def load_model(spec: str | ModelSource, dtype: torch.dtype | None = None, device
         device_map: ``"auto"``: the layers spread over the GPUs of this host by accelerate (``device`` unused).
 
     Returns:
-        The model in eval mode with ``attn_implementation="sdpa"``, and its tokenizer.
+        The model in eval mode with ``attn_implementation="sdpa"`` (``"eager"`` for a family without SDPA support,
+        `base_attention`), and its tokenizer.
 
     Raises:
         ValueError: a placement `check_placement` refuses (before any weights load).
@@ -320,19 +392,20 @@ def load_model(spec: str | ModelSource, dtype: torch.dtype | None = None, device
         placed = ({"distributed_config": tensor_parallel.distributed_config(tp, world)} if tp > 1
                   else {"device_map": device_map} if device_map else {})
         gguf = source.gguf
+        implementation = base_attention(source.config)
         if gguf is not None:
             with _gguf_errors(gguf):
                 model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=dtype,
-                                                             attn_implementation="sdpa", **placed)
+                                                             attn_implementation=implementation, **placed)
         else:
-            model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype, attn_implementation="sdpa",
+            model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype, attn_implementation=implementation,
                                                          **placed, **_hub_access(source))
         if not placed:
             model.to(device)
     if tp > 1:
-        from elastic_bench.modeling.attention import attention_modules
+        from elastic_bench.modeling.attention import softmax_modules
 
-        tensor_parallel.mark(model, tp, attention_modules(model))
+        tensor_parallel.mark(model, tp, softmax_modules(model))
     model.eval()
     return model, tokenizer
 
@@ -486,16 +559,28 @@ def _folder_safe(name: str) -> str:
     return re.sub(r"[^\w.+-]+", "-", name.strip().replace("/", "--")).lstrip(".")
 
 
-def _config(arch: str, **fields):
-    from transformers import LlamaConfig, Qwen3Config
+def base_attention(config) -> str:
+    """The attention implementation a model of ``config`` is loaded with, outside `elastic_bench.apply`: ``"sdpa"``, or
+    ``"eager"`` for a family whose transformers model does not support SDPA (gpt-oss: SDPA has no learned sinks)."""
+    from transformers import AutoModelForCausalLM
 
-    common = dict(
-        max_position_embeddings=1 << 18,
-        bos_token_id=None,
-        attn_implementation="sdpa",
-    )
+    try:
+        model_class = AutoModelForCausalLM._model_mapping[type(config)]
+    except KeyError:
+        return "sdpa"
+    return "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
+
+
+def _config(arch: str, **fields):
+    """The transformers config of model type ``arch`` with ``fields``, a long context and no BOS token, attending by
+    `base_attention`."""
+    from transformers import AutoConfig
+
+    common = dict(max_position_embeddings=1 << 18, bos_token_id=None)
     # deep-copied: a config keeps (and may complete) the dicts it is given, such as a preset's rope parameters
-    return (Qwen3Config if arch == "qwen3" else LlamaConfig)(**copy.deepcopy(common | fields))
+    config = AutoConfig.for_model(arch, **copy.deepcopy(common | fields))
+    config._attn_implementation = base_attention(config)
+    return config
 
 
 def random_model(preset: str, device: torch.device, dtype: torch.dtype, seed: int = 0):
@@ -514,12 +599,12 @@ TINY_SHAPES = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, n
 
 
 def tiny_model(arch: str, tokenizer, seed: int = 0):
-    """A 2-layer random model (`TINY_SHAPES`: 4 query / 2 KV heads of dim 16) of the given architecture, sized to
-    ``tokenizer``."""
+    """A small random model (`TINY_SHAPES`: 2 layers of 4 query / 2 KV heads of dim 16, or a family's own in
+    `TINY_FAMILIES`) of the given architecture, sized to ``tokenizer``."""
     from transformers import AutoModelForCausalLM
 
     config = _config(arch, vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
-                     pad_token_id=tokenizer.pad_token_id, **TINY_SHAPES)
+                     pad_token_id=tokenizer.pad_token_id, **(TINY_SHAPES | TINY_FAMILIES[arch]))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return AutoModelForCausalLM.from_config(config)

@@ -825,9 +825,11 @@ class LossModel(nn.Module):
         (`elastic_bench.modeling.interface.AttentionCall.training_route`); a layer recomputed in backward gets it
         again."""
         extra = {} if training_route is None else {"training_route": training_route}
+        if len(cu_seqlens) > 2:  # several samples: kept apart (a row of one is a plain sequence, which a
+            extra |= dict(cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens, max_length_q=max_len,  # model's
+                          max_length_k=max_len)  # linear-attention layers take without flash-linear-attention)
         hidden = self.model.base_model(
-            input_ids=input_ids[None], position_ids=position_ids[None], cu_seq_lens_q=cu_seqlens,
-            cu_seq_lens_k=cu_seqlens, max_length_q=max_len, max_length_k=max_len, use_cache=False, **extra,
+            input_ids=input_ids[None], position_ids=position_ids[None], use_cache=False, **extra,
         ).last_hidden_state[0]
         if targets is None:
             return None

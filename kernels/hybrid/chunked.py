@@ -26,18 +26,18 @@ def chunked_hybrid_attention(
     """Hybrid attention of a plan with a chunked streaming geometry (FULL and STREAMING heads only).
 
     Args:
-        q: ``[B, Hq, Lq, D]``; k, v: ``[B, H, Lk, D]``, ``Lq <= Lk`` (bottom-right alignment).
+        q: ``[B, Hq, Lq, D]``; k: ``[B, H, Lk, D]``, v: ``[B, H, Lk, Dv]``, ``Lq <= Lk`` (bottom-right alignment).
         plan: modes ``[B, H]``; ``plan.streaming.chunk_starts`` non-empty.
         scale: softmax scale.
         dense: a backend function, called with all-FULL plans on gathered ``[n, G, Lq', D]`` queries and
             ``[n, 1, Lk', D]`` keys/values (``n`` (sample, KV head) pairs, ``G = Hq // H``).
 
     Returns:
-        ``[B, Hq, Lq, D]`` in ``q.dtype``.
+        ``[B, Hq, Lq, Dv]`` in ``q.dtype``.
     """
     H, Lk = k.shape[1], k.shape[2]
     G, off = q.shape[1] // H, Lk - q.shape[2]
-    out = torch.empty_like(q)
+    out = q.new_empty((*q.shape[:3], v.shape[-1]))
     streaming = (plan.modes == Mode.STREAMING).cpu()  # a synchronisation only for device modes
     for pairs, spans in ((~streaming, [(0, off, Lk)]), (streaming, plan.streaming.chunk_spans(off, Lk))):
         b_idx, h_idx = (i.to(q.device) for i in pairs.nonzero(as_tuple=True))

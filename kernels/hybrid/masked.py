@@ -45,36 +45,37 @@ def masked_hybrid_attention(
 
     Args:
         q: ``[B, Hq, Lq, D]`` queries (post-RoPE).
-        k, v: ``[B, H, Lk, D]`` keys/values, ``Hq % H == 0``, ``Lq <= Lk`` (bottom-right causal alignment).
+        k, v: ``[B, H, Lk, D]`` keys, ``[B, H, Lk, Dv]`` values, ``Hq % H == 0``, ``Lq <= Lk`` (bottom-right causal
+            alignment).
         plan: modes ``[B, H]`` and geometry (unchunked; `hybrid_attention` runs chunked geometries chunk by chunk).
         scale: softmax scale.
 
     Returns:
-        ``[B, Hq, Lq, D]`` in ``q.dtype``. A query whose block-sparse row selects no visible key outputs zeros.
+        ``[B, Hq, Lq, Dv]`` in ``q.dtype``. A query whose block-sparse row selects no visible key outputs zeros.
     """
     check_unchunked(plan)
     B, Hq, Lq, D = q.shape
-    H, Lk = k.shape[1], k.shape[2]
+    H, Lk, Dv = k.shape[1], k.shape[2], v.shape[-1]
     G = Hq // H
     rows = _Rows.of(Lq, Lk, plan.block_size, q.device)
     modes = plan.modes.cpu()  # a synchronisation only for device modes
     groups = [(mode, (modes == mode).nonzero(as_tuple=True)) for mode in Mode]
     groups = [(mode, tuple(i.to(q.device) for i in pairs)) for mode, pairs in groups if len(pairs[0])]
     whole = len(groups) == 1  # one mode: its pairs are all pairs, taken as views of the inputs
-    out = None if whole else q.new_empty((B, H, G, Lq, D), dtype=torch.float32)
+    out = None if whole else q.new_empty((B, H, G, Lq, Dv), dtype=torch.float32)
     for mode, pairs in groups:
         qg = q.float().reshape(B * H, G, Lq, D) if whole else q.unflatten(1, (H, G))[pairs].float()  # [n, G, Lq, D]
         kg, vg = (t.float().flatten(0, 1) if whole else t[pairs].float() for t in (k, v))  # [n, Lk, D]
         res = _attend(mode, qg, kg, vg, plan, pairs, rows, scale)
         if whole:
-            return res.reshape(B, Hq, Lq, D).to(q.dtype)
+            return res.reshape(B, Hq, Lq, Dv).to(q.dtype)
         out[pairs] = res
-    return out.view(B, Hq, Lq, D).to(q.dtype)
+    return out.view(B, Hq, Lq, Dv).to(q.dtype)
 
 
 def _attend(mode: Mode, qg, kg, vg, plan: HeadPlan, pairs, rows: _Rows, scale: float) -> torch.Tensor:
-    """The ``n`` (sample, KV head) ``pairs`` of one mode: ``qg [n, G, Lq, D]``, ``kg``/``vg [n, Lk, D]`` →
-    ``[n, G, Lq, D]``."""
+    """The ``n`` (sample, KV head) ``pairs`` of one mode: ``qg [n, G, Lq, D]``, ``kg [n, Lk, D]``, ``vg [n, Lk, Dv]``
+    → ``[n, G, Lq, Dv]``."""
     n, G, Lq, _ = qg.shape
     if mode == Mode.FULL and Lq in (rows.keys, 1):
         return F.scaled_dot_product_attention(qg, kg[:, None], vg[:, None], is_causal=Lq > 1, scale=scale,
@@ -136,9 +137,9 @@ class _Rows:
 
 def _shared_rows(qg, kg, vg, streaming: StreamingGeometry | None, rows: _Rows, scale: float) -> torch.Tensor:
     """FULL heads (``streaming`` None) or STREAMING ones, whose rows see the same key blocks in every pair.
-    ``qg [n, G, Lq, D]``, ``kg``/``vg [n, Lk, D]`` → ``[n, G, Lq, D]``."""
+    ``qg [n, G, Lq, D]``, ``kg [n, Lk, D]``, ``vg [n, Lk, Dv]`` → ``[n, G, Lq, Dv]``."""
     n, G, Lq, D = qg.shape
-    out = qg.new_empty(qg.shape)
+    out = qg.new_empty((n, G, Lq, vg.shape[-1]))
     predicate = masks.causal() if streaming is None else masks.streaming(streaming, rows.block_size)
     counts, wholly, order = _listed(*rows.blocks(streaming))
     for (count, full, length), members in _calls(counts, wholly, rows.length, per_block=n * rows.block_size * D):
@@ -156,12 +157,12 @@ def _shared_rows(qg, kg, vg, streaming: StreamingGeometry | None, rows: _Rows, s
 
 def _per_head_rows(qg, kg, vg, table: torch.Tensor, rows: _Rows, scale: float) -> torch.Tensor:
     """BLOCK_SPARSE heads: query head ``g`` of pair ``i`` in row ``r`` sees the key blocks ``table[i, g, r]`` (none
-    above the diagonal), causal inside the diagonal one. ``qg [n, G, Lq, D]``, ``kg``/``vg [n, Lk, D]``,
-    ``table [n, G, nR, nK]`` → ``[n, G, Lq, D]``; rows that select nothing are zeros."""
+    above the diagonal), causal inside the diagonal one. ``qg [n, G, Lq, D]``, ``kg [n, Lk, D]``, ``vg [n, Lk, Dv]``,
+    ``table [n, G, nR, nK]`` → ``[n, G, Lq, Dv]``; rows that select nothing are zeros."""
     n, G, Lq, D = qg.shape
-    Lk, shape = kg.shape[1], table.shape[:3]
-    flat_q, flat_k, flat_v = (t.reshape(-1, D) for t in (qg, kg, vg))  # [n·G·Lq, D], [n·Lk, D]
-    out = qg.new_zeros(qg.shape)
+    Lk, shape, Dv = kg.shape[1], table.shape[:3], vg.shape[-1]
+    flat_q, flat_k, flat_v = (t.reshape(-1, t.shape[-1]) for t in (qg, kg, vg))  # [n·G·Lq, D], [n·Lk, D or Dv]
+    out = qg.new_zeros((n, G, Lq, Dv))
     counts, wholly, order = _listed(table, table & rows.blocks()[1])
     within = rows.start + rows.offset - rows.ids * rows.block_size  # each row's first query's place in its block
     keys = (wholly, within.expand(shape), rows.length.expand(shape))
@@ -174,10 +175,10 @@ def _per_head_rows(qg, kg, vg, table: torch.Tensor, rows: _Rows, scale: float) -
         qrows = ((i * G + g)[:, None] * Lq + qidx).flatten()
         krows = (i[:, None] * Lk + _clamped(kpos, rows).view(kpos.shape)).flatten()
         queries = flat_q.index_select(0, qrows).view(-1, 1, length, D)  # [m, 1, length, D]
-        keys, values = (t.index_select(0, krows).view(-1, 1, count * rows.block_size, D)
+        keys, values = (t.index_select(0, krows).view(-1, 1, count * rows.block_size, t.shape[-1])
                         for t in (flat_k, flat_v))
         res = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale)
-        out.view(-1, D).index_copy_(0, qrows, res.view(-1, D))
+        out.view(-1, Dv).index_copy_(0, qrows, res.view(-1, Dv))
     return out
 
 

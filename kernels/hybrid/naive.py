@@ -24,13 +24,14 @@ def naive_hybrid_attention(
 
     Args:
         q: ``[B, Hq, Lq, D]`` queries (post-RoPE).
-        k, v: ``[B, H, Lk, D]`` keys/values, ``Hq % H == 0``, ``Lq <= Lk`` (bottom-right causal alignment).
+        k, v: ``[B, H, Lk, D]`` keys, ``[B, H, Lk, Dv]`` values, ``Hq % H == 0``, ``Lq <= Lk`` (bottom-right causal
+            alignment).
         plan: modes ``[B, H]`` and geometry; see `HeadPlan`.
         scale: softmax scale.
         chunk_size: queries per masked chunk.
 
     Returns:
-        ``[B, Hq, Lq, D]`` in ``q.dtype``. A query whose block-sparse row selects no visible key outputs zeros.
+        ``[B, Hq, Lq, Dv]`` in ``q.dtype``. A query whose block-sparse row selects no visible key outputs zeros.
     """
     B, Hq, Lq, D = q.shape
     H, Lk = k.shape[1], k.shape[2]
@@ -44,7 +45,7 @@ def naive_hybrid_attention(
         for h in range(H):
             mode = Mode(modes[b][h])
             qh = q[b : b + 1, h * G : (h + 1) * G].float()  # [1, G, Lq, D] (4-D: SDPA's fused CPU kernels)
-            kh, vh = (x[b : b + 1, h : h + 1].float().expand(1, G, Lk, D) for x in (k, v))
+            kh, vh = (x[b : b + 1, h : h + 1].float().expand(1, G, Lk, x.shape[-1]) for x in (k, v))
             if mode == Mode.FULL and Lq in (Lk, 1):  # plain causal prefill, or a decode step that sees every key
                 rows.append(F.scaled_dot_product_attention(qh, kh, vh, is_causal=Lq > 1, scale=scale))
                 continue
@@ -56,17 +57,17 @@ def naive_hybrid_attention(
             for start in range(0, Lq, chunk_size):
                 stop = min(start + chunk_size, Lq)
                 q_pos = torch.arange(Lk - Lq + start, Lk - Lq + stop, device=q.device)
-                keys = kv_pos[_reachable(mode, plan, int(q_pos[0]), int(q_pos[-1]))]
+                keys = kv_pos[reachable(mode, plan, int(q_pos[0]), int(q_pos[-1]))]
                 allowed = torch.stack([p(q_pos[:, None], keys[None, :]) for p in preds])  # [G or 1, c, keys]
                 out = F.scaled_dot_product_attention(
                     qh[:, :, start:stop], kh[:, :, keys], vh[:, :, keys], attn_mask=allowed, scale=scale
                 )
                 chunks.append(out.nan_to_num(0.0))  # a query with no visible key outputs zeros
             rows.append(torch.cat(chunks, dim=2))
-    return torch.cat(rows, dim=1).view(B, Hq, Lq, D).to(q.dtype)
+    return torch.cat(rows, dim=1).view(B, Hq, Lq, v.shape[-1]).to(q.dtype)
 
 
-def _reachable(mode: Mode, plan: HeadPlan, first: int, last: int) -> torch.Tensor:
+def reachable(mode: Mode, plan: HeadPlan, first: int, last: int) -> torch.Tensor:
     """Indices ``[n]`` of the keys that queries at positions ``first..last`` can see under ``mode`` (window starts
     never decrease with the position, so the first query's is the lowest)."""
     if mode != Mode.STREAMING:

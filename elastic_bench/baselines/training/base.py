@@ -207,7 +207,7 @@ def run_gate_training(config: GateTrainConfig, objective_class: type[GateObjecti
 
 
 def _run(config, objective_class, options, ranks):
-    from elastic_bench.modeling.attention import apply, attention_modules
+    from elastic_bench.modeling.attention import apply
     from elastic_bench.modeling.loading import check_device
     from elastic_bench.training.engine import shard, training_backend
 
@@ -220,9 +220,6 @@ def _run(config, objective_class, options, ranks):
     backend = training_backend(config.backend, device)  # refused before the model loads
     model, tokenizer = load_frozen(config, device)
     device = next(model.parameters()).device  # with its index (``cuda`` → ``cuda:0``)
-    layers = [m.layer_idx for m in attention_modules(model)]
-    if layers != list(range(len(layers))):
-        raise ValueError(f"{objective_class.command} needs attention layers numbered 0…L-1, got {layers}")
     samples = PasskeySamples(config.data, tokenizer, config.seed, config.batch_size, ranks.rank, ranks.world_size)
     objective = objective_class(config, options.output, model, samples, device, ranks)
     if ranks.world_size > 1:

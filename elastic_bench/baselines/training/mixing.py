@@ -32,8 +32,9 @@ class GateRoute:
     layers a copy.
 
     Attributes:
-        gates: ``[L, H]`` gate of each (layer, KV head), indexed by the attention module's ``layer_idx``; values
-            outside [0, 1] are clamped in the forward.
+        gates: ``[L, H]`` gate of each (layer, KV head) over the L layers a method plans
+            (`elastic_bench.modeling.attention.attention_modules`, in order: a gate file's rows); values outside
+            [0, 1] are clamped in the forward.
     """
 
     def __init__(self, gates: torch.Tensor):
@@ -59,6 +60,12 @@ class GatedHeads(Method):
 
     def __post_init__(self):
         self.geometry = StreamingGeometry(self.sink, self.local, self.granularity)
+        self._row: dict[int, int] = {}  # layer_idx -> its row of the gates, set by setup
+
+    def setup(self, model: torch.nn.Module) -> None:
+        from elastic_bench.modeling.attention import attention_modules
+
+        self._row = {m.layer_idx: i for i, m in enumerate(attention_modules(model))}
 
     def prefill_plan(self, call: AttentionCall) -> HeadPlan:
         return HeadPlan.full(call.batch_size, call.num_kv_heads)  # the branches are planned in `attend`
@@ -69,7 +76,7 @@ class GatedHeads(Method):
         if not isinstance(route, GateRoute):
             raise RuntimeError("a gate-training forward needs a GateRoute as its training_route keyword")
         q, k, v = call.query, call.key, call.value
-        gate = route.gates[call.layer_idx].clamp(0.0, 1.0)  # [H]
+        gate = route.gates[self._row[call.layer_idx]].clamp(0.0, 1.0)  # [H]
         G = q.shape[1] // k.shape[1]
         gate = gate.repeat_interleave(G)[None, :, None, None].to(q.dtype)  # [1, Hq, 1, 1]
         streaming = HeadPlan.uniform(Mode.STREAMING, 1, k.shape[1], streaming=self.geometry)
@@ -80,23 +87,24 @@ class GatedHeads(Method):
                                  f"{call.batch_size}")
             with torch.no_grad():
                 fast = resolve_backend("auto", q.device, k.shape[2])
-                teacher = hybrid_attention(q[:1], k[:1], v[:1], full, scale=scale, backend=fast)
-            student = _branch(q[1:], k[1:], v[1:], streaming, scale, backend)
+                teacher = hybrid_attention(q[:1], k[:1], v[:1], full, scale=scale, backend=fast, sinks=call.sinks)
+            student = _branch(q[1:], k[1:], v[1:], streaming, scale, backend, call.sinks)
             return torch.cat([teacher, student + gate * (teacher - student)])
         if call.batch_size != 1:
             raise ValueError(f"PruLong's mixing takes one row per sample, got {call.batch_size}")
-        sparse = _branch(q, k, v, streaming, scale, backend)
-        dense = _branch(q, k, v, full, scale, backend)
+        sparse = _branch(q, k, v, streaming, scale, backend, call.sinks)
+        dense = _branch(q, k, v, full, scale, backend, call.sinks)
         return sparse + gate * (dense - sparse)
 
 
 def _branch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: HeadPlan, scale: float | None,
-            backend: str) -> torch.Tensor:
-    """A differentiable branch ``[1, Hq, L, D]``; zero-padded to `compile_length` on ``flex``."""
+            backend: str, sinks: torch.Tensor | None) -> torch.Tensor:
+    """A differentiable branch ``[1, Hq, L, Dv]`` (with the layer's learned ``sinks``, if any); zero-padded to
+    `compile_length` on ``flex``."""
     from elastic_bench.training.engine import compile_length
 
     length = k.shape[2]
     padded = compile_length(length, plan.block_size) if backend == "flex" else length
     if padded > length:
         q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, padded - length)) for x in (q, k, v))
-    return hybrid_attention(q, k, v, plan, scale=scale, backend=backend)[:, :, :length]
+    return hybrid_attention(q, k, v, plan, scale=scale, backend=backend, sinks=sinks)[:, :, :length]
