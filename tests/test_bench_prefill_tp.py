@@ -66,8 +66,9 @@ def test_the_slowest_rank_times_each_span():
 def test_a_tensor_parallel_bench_that_cannot_work_is_refused_in_one_line(tmp_path, capsys, monkeypatch, no_model,
                                                                          world, flags, error):
     """On Llama-3.1-70B's shapes, read from its config (`no_model`: nothing loads), before torchrun's process group
-    is joined (the environment names no rank)."""
+    is joined (rank 0 of ``world``)."""
     monkeypatch.setenv("WORLD_SIZE", str(world))
+    monkeypatch.setenv("RANK", "0")
     code = main(["bench", "prefill", "--model", "random:llama-3.1-70b", "--output", str(tmp_path / "out.json"),
                  "--no-progress", *flags])
     err = capsys.readouterr().err.strip().splitlines()

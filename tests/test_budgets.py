@@ -135,17 +135,18 @@ def test_calibrate_on_the_testbed_meets_the_budget_on_held_out_prompts(tmp_path,
     assert "prefill_unexplained" in Cell(output, "testbed", "oracle-esr=0.3", "testbed_niah_single", 1024).metrics()
 
 
-def test_a_calibration_that_fails_fails_its_cells_and_the_run_goes_on(tmp_path, capsys):
-    gates = tmp_path / "full_attention_heads.tsv"
-    gates.write_text("0.1\t0.2\t0.3\n0.4\t0.5\t0.6\n0.7\t0.8\t0.9\n")  # 3 × 3: not the testbed's 6 layers × 2 heads
+def test_a_calibration_that_fails_fails_its_cells_and_the_run_goes_on(tmp_path, capsys, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("the measure broke")
+
+    monkeypatch.setattr(calibration, "measured", broken)  # a failure inside the search, after the inputs were checked
     output = tmp_path / "run"
-    code = cli.main(["calibrate", "--model", "testbed", "--methods", "duo_attention", "-O",
-                     f"duo_attention.pattern={gates}", "--tasks", "testbed_niah_single", "--lengths", "1K", "--limit",
-                     "1", "--calibration-samples", "1", "--budgets", "0.4,0.5", "--no-progress", "--output",
-                     str(output)])
+    code = cli.main(["calibrate", "--model", "testbed", "--methods", "duo_attention", "--tasks", "testbed_niah_single",
+                     "--lengths", "1K", "--limit", "1", "--calibration-samples", "1", "--budgets", "0.4,0.5",
+                     "--no-progress", "--output", str(output)])
     assert code == 1
     for budget in ("0.4", "0.5"):
-        folder = next((output / "testbed").glob(f"duo_attention-esr={budget}-pattern=*"))
+        folder = next((output / "testbed").glob(f"duo_attention-esr={budget}*"))
         metrics = Cell(output, "testbed", folder.name, "testbed_niah_single", 1024).metrics()
-        assert metrics["status"] == "failed" and "3 layers × 3 KV heads" in metrics["error"]
-        assert metrics["error"].startswith("calibration: ValueError")
+        assert metrics["status"] == "failed" and "the measure broke" in metrics["error"]
+        assert metrics["error"].startswith("calibration: RuntimeError")

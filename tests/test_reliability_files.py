@@ -268,7 +268,7 @@ def test_records_with_a_min_length_below_every_record_is_one_line(tmp_path, caps
     code, err = main(["records", "--model", "tiny:qwen3", "--min-length", "2", "--max-length", "8", "--samples", "1",
                       "--no-progress", "--output", tmp_path / "r.jsonl"], capsys)
     assert code == 2 and "no sensitive task fits a length of 2 tokens" in one_line(err)
-    assert "ruler_fwe none at this length" in err and not (tmp_path / "r.jsonl").exists()
+    assert "their smallest records take: single_qa" in err and not (tmp_path / "r.jsonl").exists()
 
 
 def test_frequent_words_at_a_length_too_short_is_refused_with_its_minimum(tmp_path, capsys, no_model):

@@ -27,7 +27,7 @@ RUN = ["run", "--model", "testbed", "--methods", "full", "--tasks", "testbed_rep
        "2", "--device", "cpu", "--no-progress"]
 # Fields that differ between two identical runs.
 TIMING = {"prefill_seconds", "prefill_seconds_median", "decode_seconds", "decode_ms_per_token", "generation_seconds",
-          "samples_per_second", "date", "predictions_sha256", SEAL}
+          "samples_per_second", "date", "predictions_sha256", "prefill_parts", "prefill_unexplained", SEAL}
 
 
 def _cell(out: Path) -> Cell:

@@ -171,7 +171,7 @@ def test_testbed_report_shows_adaptive_sparsity_and_the_routing_map_and_loads_of
                if line.startswith("| elastic (router=testbed/elastic_router) "))
     for task, family in (("testbed_niah_single", "sensitive"), ("testbed_repeat", "robust")):
         metrics = json.loads((runs / "testbed" / "testbed" / "elastic" / task / "1024" / "metrics.json").read_text())
-        assert row[header.index(f"ΩMSR · {family}")] == f"{metrics['omega_msr']:.3f}"
+        assert row[header.index(f"ΩMSR · {family}")] == f"{metrics['omega_msr']:.3f} ‡"  # scored in-distribution
 
 
 @needs_chromium
@@ -183,7 +183,7 @@ def test_compare_of_two_testbed_runs_and_of_two_tiny_models(runs, tmp_path, brow
     md = (tmp_path / "testbed" / "report.md").read_text()
     pair = "testbed · elastic (router=testbed/elastic_router) − testbed-again · elastic (router=testbed/elastic_router)"
     assert pair in md  # the same prompts, the same predictions: Δ 0
-    assert _row(md, pair)[1:4] == ["+0.00", "+0.00", "+0.00"]
+    assert _row(md, pair)[1:4] == ["+0.00 ‡", "+0.00", "+0.00"]  # the router's score: in-distribution
     assert cli.main(["compare", str(runs / "llama"), str(runs / "qwen3")]) == 0  # default output: beside the runs
     md = (runs / "compare-llama-qwen3" / "report.md").read_text()
     assert "llama · tiny-llama · streaming (local=64)" in md and "qwen3 · tiny-qwen3 · full" in md

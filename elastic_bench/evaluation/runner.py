@@ -166,8 +166,9 @@ class RunConfig:
 
         if self.backend != "auto" and self.backend not in backend_names():
             raise did_you_mean("attention backend", self.backend, ["auto", *backend_names()])
-        built = dict(zip(self.methods, self.build_methods()))  # -O text read by each option's type
-        _check_distinct(self.methods, [self.label(m) for m in built.values()])
+        methods = self.build_methods()
+        _check_distinct(self.methods, [self.label(m) for m in methods])
+        built = dict(zip(self.methods, methods))  # -O text read by each option's type
         self.method_options = {name: {key: getattr(built[name], key) for key in values}
                                for name, values in self.method_options.items()}
 
