@@ -11,10 +11,7 @@ $(STAMP): pyproject.toml setup.py
 	# Without CUDA, take the CPU build of PyTorch (a looser pin would pull a multi-GB CUDA build).
 	if ! command -v nvidia-smi >/dev/null 2>&1 && ! $(PY) -c "import torch" 2>/dev/null; then \
 		$(PY) -m pip install -q torch==2.13.0; fi
-	# setuptools notes, for every editable install of a package-dir mapping, that a folder named like the package in the
-	# working directory could shadow it; here that folder is the package's own source (the pillars install under its
-	# namespace, never as top-level names), so the note says nothing about this project and is silenced.
-	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import textwrap
 from pathlib import Path
 
@@ -15,13 +14,6 @@ REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = """\
 [project]
 name = "toy"
-
-[tool.setuptools.package-dir]
-"elastic_bench" = "elastic_bench"
-"elastic_bench.method" = "method"
-"elastic_bench.kernels" = "kernels"
-"elastic_bench.tasks" = "tasks"
-"elastic_bench.reports" = "reports"
 
 [tool.ruff]
 line-length = 120
@@ -38,8 +30,8 @@ CLEAN = {
     "elastic_bench/cli.py": "def main():\n    from elastic_bench.evaluation.runner import run\n",
     "elastic_bench/testbed/__init__.py": "from elastic_bench.tasks.base import Task\n",
     "elastic_bench/testbed/training/train.py": "from elastic_bench.method import router\n",  # a namespace package
-    "kernels/__init__.py": "from .plan import HeadPlan\n",
-    "kernels/plan.py": textwrap.dedent("""\
+    "elastic_bench/kernels/__init__.py": "from .plan import HeadPlan\n",
+    "elastic_bench/kernels/plan.py": textwrap.dedent("""\
         from typing import TYPE_CHECKING
 
         from elastic_bench.foundation.registry import Registry
@@ -47,14 +39,15 @@ CLEAN = {
         if TYPE_CHECKING:
             from elastic_bench.evaluation.runner import RunConfig
         """),
-    "kernels/hybrid/__init__.py": "",
-    "kernels/hybrid/fused.py": "from ..plan import HeadPlan\n_x = 1\n",
-    "kernels/hybrid/flex.py": "from elastic_bench.kernels.hybrid.fused import _x\n",  # private, but the same pillar
-    "tasks/__init__.py": "",
-    "tasks/base.py": "from elastic_bench.foundation.registry import Registry\n",
-    "reports/__init__.py": "import json\n",
-    "method/__init__.py": "",
-    "method/router.py": ("import torch\nfrom elastic_bench.kernels import plan\n"
+    "elastic_bench/kernels/hybrid/__init__.py": "",
+    "elastic_bench/kernels/hybrid/fused.py": "from ..plan import HeadPlan\n_x = 1\n",
+    # private, but the same pillar
+    "elastic_bench/kernels/hybrid/flex.py": "from elastic_bench.kernels.hybrid.fused import _x\n",
+    "elastic_bench/tasks/__init__.py": "",
+    "elastic_bench/tasks/base.py": "from elastic_bench.foundation.registry import Registry\n",
+    "elastic_bench/reports/__init__.py": "import json\n",
+    "elastic_bench/method/__init__.py": "",
+    "elastic_bench/method/router.py": ("import torch\nfrom elastic_bench.kernels import plan\n"
                          "from elastic_bench.modeling.interface import M\n"),
     "tests/test_toy.py": "import elastic_bench.devtools\n",  # tests/ is no package: not checked
 }
@@ -96,9 +89,10 @@ def test_clean_toy_tree_passes(tmp_path, capsys):
 
 
 def test_reverse_edge(tmp_path, capsys):
-    code, found = check(tmp_path, capsys, {"kernels/bad.py": "import os\nimport elastic_bench.evaluation.runner\n"})
+    code, found = check(tmp_path, capsys,
+                        {"elastic_bench/kernels/bad.py": "import os\nimport elastic_bench.evaluation.runner\n"})
     assert code == 1
-    assert found == ["kernels/bad.py:2  elastic_bench.kernels.bad -> elastic_bench.evaluation.runner  "
+    assert found == ["elastic_bench/kernels/bad.py:2  elastic_bench.kernels.bad -> elastic_bench.evaluation.runner  "
                      "(reverse edge: pillars may not import front)"]
 
 
@@ -112,9 +106,9 @@ def test_nothing_imports_devtools(tmp_path, capsys):
 
 def test_type_checking_import_is_ignored_but_the_same_import_unguarded_is_not(tmp_path, capsys):
     unguarded = "from elastic_bench.evaluation.runner import RunConfig\n"
-    code, found = check(tmp_path, capsys, {"kernels/plan.py": unguarded})
+    code, found = check(tmp_path, capsys, {"elastic_bench/kernels/plan.py": unguarded})
     assert code == 1
-    assert found == ["kernels/plan.py:1  elastic_bench.kernels.plan -> elastic_bench.evaluation.runner  "
+    assert found == ["elastic_bench/kernels/plan.py:1  elastic_bench.kernels.plan -> elastic_bench.evaluation.runner  "
                      "(reverse edge: pillars may not import front)",
                      # runner imports kernels.plan
                      "cycle: elastic_bench.evaluation.runner <-> elastic_bench.kernels.plan"]
@@ -129,18 +123,19 @@ def test_cycle(tmp_path, capsys):
 
 def test_three_module_cycle_through_a_package_init(tmp_path, capsys):
     code, found = check(tmp_path, capsys, {
-        "tasks/__init__.py": "from .base import Task\n",
-        "tasks/base.py": "from .ruler import Ruler\n",
-        "tasks/ruler.py": "import elastic_bench.tasks\n",
+        "elastic_bench/tasks/__init__.py": "from .base import Task\n",
+        "elastic_bench/tasks/base.py": "from .ruler import Ruler\n",
+        "elastic_bench/tasks/ruler.py": "import elastic_bench.tasks\n",
     })
     assert code == 1
     assert found == ["cycle: elastic_bench.tasks <-> elastic_bench.tasks.base <-> elastic_bench.tasks.ruler"]
 
 
 def test_reports_import_no_torch(tmp_path, capsys):
-    code, found = check(tmp_path, capsys, {"reports/render.py": "import json\nimport torch.nn as nn\n"})
+    code, found = check(tmp_path, capsys, {"elastic_bench/reports/render.py": "import json\nimport torch.nn as nn\n"})
     assert code == 1
-    assert found == ["reports/render.py:2  elastic_bench.reports.render -> torch.nn  (reports import no torch)"]
+    assert found == ["elastic_bench/reports/render.py:2  elastic_bench.reports.render -> torch.nn  "
+                     "(reports import no torch)"]
 
 
 def test_results_store_imports_no_torch(tmp_path, capsys):
@@ -160,44 +155,46 @@ def test_model_side_and_training_side_are_separate(tmp_path, capsys):
 
 def test_lazy_import_inside_a_function_counts(tmp_path, capsys):
     lazy = "class A:\n    def f(self):\n        if True:\n            from elastic_bench.tasks import base\n"
-    code, found = check(tmp_path, capsys, {"kernels/lazy.py": lazy})
+    code, found = check(tmp_path, capsys, {"elastic_bench/kernels/lazy.py": lazy})
     assert code == 1
-    assert found == ["kernels/lazy.py:4  elastic_bench.kernels.lazy -> elastic_bench.tasks.base  "
+    assert found == ["elastic_bench/kernels/lazy.py:4  elastic_bench.kernels.lazy -> elastic_bench.tasks.base  "
                      "(pillars entries are separate: elastic_bench.kernels may not import elastic_bench.tasks)"]
 
 
 def test_relative_import_is_resolved(tmp_path, capsys):
-    code, found = check(tmp_path, capsys, {"kernels/hybrid/naive.py": "from ..plan import HeadPlan\n"
+    code, found = check(tmp_path, capsys, {"elastic_bench/kernels/hybrid/naive.py": "from ..plan import HeadPlan\n"
                                                                       "from ...evaluation import runner\n"})
     assert code == 1
-    assert found == ["kernels/hybrid/naive.py:2  elastic_bench.kernels.hybrid.naive -> "
+    assert found == ["elastic_bench/kernels/hybrid/naive.py:2  elastic_bench.kernels.hybrid.naive -> "
                      "elastic_bench.evaluation.runner  (reverse edge: pillars may not import front)"]
 
 
 def test_method_does_not_import_tasks(tmp_path, capsys):
-    code, found = check(tmp_path, capsys, {"method/data.py": "def f():\n    from elastic_bench.tasks.base import x\n"})
+    code, found = check(tmp_path, capsys,
+                        {"elastic_bench/method/data.py": "def f():\n    from elastic_bench.tasks.base import x\n"})
     assert code == 1
-    assert found == ["method/data.py:2  elastic_bench.method.data -> elastic_bench.tasks.base  "
+    assert found == ["elastic_bench/method/data.py:2  elastic_bench.method.data -> elastic_bench.tasks.base  "
                      "(method imports kernels and the core, not tasks)"]
 
 
 def test_private_name_across_pillars(tmp_path, capsys):
-    code, found = check(tmp_path, capsys, {"reports/collect.py": "from elastic_bench.tasks.base import _score\n"})
+    code, found = check(tmp_path, capsys,
+                        {"elastic_bench/reports/collect.py": "from elastic_bench.tasks.base import _score\n"})
     assert code == 1
-    assert "reports/collect.py:1  elastic_bench.reports.collect -> elastic_bench.tasks.base  " \
+    assert "elastic_bench/reports/collect.py:1  elastic_bench.reports.collect -> elastic_bench.tasks.base  " \
            "(private name _score imported from another part)" in found
 
 
 def test_private_name_across_layers_even_where_the_edge_is_allowed(tmp_path, capsys):
     code, found = check(tmp_path, capsys, {
-        "method/router.py": "from elastic_bench.kernels.plan import Plan, _tile\n",
+        "elastic_bench/method/router.py": "from elastic_bench.kernels.plan import Plan, _tile\n",
         "elastic_bench/evaluation/runner.py": "from elastic_bench.kernels import _impl\n",
     })
     assert code == 1
     assert found == [  # sorted by importing module
         "elastic_bench/evaluation/runner.py:1  elastic_bench.evaluation.runner -> elastic_bench.kernels  "
         "(private name _impl imported from another part)",
-        "method/router.py:1  elastic_bench.method.router -> elastic_bench.kernels.plan  "
+        "elastic_bench/method/router.py:1  elastic_bench.method.router -> elastic_bench.kernels.plan  "
         "(private name _tile imported from another part)",
     ]
 
@@ -216,30 +213,23 @@ def test_import_of_a_missing_module(tmp_path, capsys):
 
 def test_from_import_counts_a_submodule_else_the_package(tmp_path):
     (tmp_path / "pyproject.toml").write_text(PYPROJECT)
-    for rel in ("kernels/__init__.py", "kernels/plan.py", "kernels/hybrid/__init__.py", "kernels/hybrid/fused.py"):
+    for rel in ("elastic_bench/kernels/__init__.py", "elastic_bench/kernels/plan.py",
+                "elastic_bench/kernels/hybrid/__init__.py", "elastic_bench/kernels/hybrid/fused.py"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("")
     source = (
         "from elastic_bench.kernels import plan, HeadPlan\nfrom . import fused\n"
         "import elastic_bench.kernels.hybrid\n"
     )
-    (tmp_path / "kernels/hybrid/flex.py").write_text(source)
+    (tmp_path / "elastic_bench/kernels/hybrid/flex.py").write_text(source)
     modules, folders = imports.find_modules(tmp_path)
     assert sorted(modules) == ["elastic_bench.kernels", "elastic_bench.kernels.hybrid",
                                "elastic_bench.kernels.hybrid.flex", "elastic_bench.kernels.hybrid.fused",
                                "elastic_bench.kernels.plan"]
-    found = sorted(imports.imports_of("elastic_bench.kernels.hybrid.flex", tmp_path / "kernels/hybrid/flex.py",
-                                      set(modules) | folders))
+    found = sorted(imports.imports_of("elastic_bench.kernels.hybrid.flex",
+                                      tmp_path / "elastic_bench/kernels/hybrid/flex.py", set(modules) | folders))
     assert found == [(1, "elastic_bench.kernels", "HeadPlan"), (1, "elastic_bench.kernels.plan", None),
                      (2, "elastic_bench.kernels.hybrid.fused", None), (3, "elastic_bench.kernels.hybrid", None)]
-
-
-def test_package_dir_without_tomllib_matches_tomllib(monkeypatch):
-    expected = imports.package_dirs(REPO)
-    assert expected["elastic_bench.kernels"] == "kernels"
-    monkeypatch.setitem(sys.modules, "tomllib", None)  # `import tomllib` now raises ImportError
-    monkeypatch.setitem(sys.modules, "tomli", None)
-    assert imports.package_dirs(REPO) == expected
 
 
 def test_bad_usage_exits_2(tmp_path, capsys):
@@ -247,3 +237,12 @@ def test_bad_usage_exits_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         imports.main(["--no-such-flag"])
     assert exit_.value.code == 2
+
+
+def test_the_repository_root_holds_no_package_but_elastic_bench():
+    """``python -m`` (pytest, ``python -m elastic_bench``) puts the working directory first on ``sys.path``: a folder
+    there named like an installed package would shadow it (a ``kernels/`` folder hides the ``kernels`` package that
+    transformers imports since 5.25)."""
+    packages = sorted(p.name for p in REPO.iterdir() if p.is_dir() and (p / "__init__.py").is_file())
+    modules = sorted(p.name for p in REPO.glob("*.py") if p.name != "setup.py")
+    assert (packages, modules) == (["elastic_bench"], [])

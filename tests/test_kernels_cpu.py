@@ -124,7 +124,7 @@ def test_a_sparse_plan_costs_at_most_dense_on_a_2k_testbed_prompt():
     dense = _flops(q, k, v, HeadPlan.full(1, H))
     assert dense == 4 * D * Hq * L * (L + 1) // 2  # the counter sees one causal kernel: dense attention itself
 
-    elastic = StreamingGeometry(sink=128, local=2048, granularity="block")  # method/modes.py's defaults
+    elastic = StreamingGeometry(sink=128, local=2048, granularity="block")  # elastic_bench/method/modes.py's defaults
     small = StreamingGeometry(sink=16, local=256)
     n = L // 128
     every = BlockSelection.from_dense(torch.ones(1, Hq, n, n, dtype=torch.bool))  # every causal block: dense work

@@ -32,17 +32,9 @@ print(json.dumps({"file": elastic_bench.__file__, "modules": names, "failed": fa
 
 
 def source_packages() -> set[str]:
-    """Every package of the tree (a folder with ``__init__.py``), named as it installs (the pillars under
-    ``elastic_bench``, as pyproject.toml's ``[tool.setuptools.package-dir]`` maps them)."""
-    from elastic_bench.devtools.imports import package_dirs
-
-    found = set()
-    for package, folder in package_dirs(REPO).items():
-        for init in (REPO / folder).rglob("__init__.py"):
-            rel = init.parent.relative_to(REPO / folder).parts
-            if "__pycache__" not in rel:
-                found.add(".".join([package, *rel]))
-    return found
+    """Every package of the tree (a folder of ``elastic_bench/`` with ``__init__.py``), named as it installs."""
+    return {".".join(init.parent.relative_to(REPO).parts) for init in (REPO / "elastic_bench").rglob("__init__.py")
+            if "__pycache__" not in init.parts}
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +44,11 @@ def installed(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("wheel")
     # built from a copy of what the build reads: an in-tree build/ folder keeps the files of modules since moved or
     # deleted, and would pack them
-    from elastic_bench.devtools.imports import package_dirs
-
     source = work / "source"
     source.mkdir()
     for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy2(REPO / name, source / name)
-    for folder in set(package_dirs(REPO).values()):
-        shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "elastic_bench", source / "elastic_bench", ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
                     str(work / "dist"), str(source)], check=True, capture_output=True)
     (wheel,) = (work / "dist").glob("elastic_bench-*.whl")

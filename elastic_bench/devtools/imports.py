@@ -15,15 +15,13 @@ Rules, all checked from the tables below:
 * No import cycle between modules, whatever their layers (Tarjan's strongly connected components).
 
 Imports count wherever they are, inside functions too (a lazy import is still a dependency), except under
-``if TYPE_CHECKING:``. The top-level folders method/, kernels/, tasks/, reports/ install under the elastic_bench
-namespace (``[tool.setuptools.package-dir]`` in pyproject.toml), so module names come from that table, not the folders.
+``if TYPE_CHECKING:``.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
-import re
 import sys
 from pathlib import Path
 
@@ -70,36 +68,18 @@ def part(where: tuple[int, str]) -> tuple[int, str]:
     return (where[0], where[1] if LAYERS[where[0]][1] else "")
 
 
-def package_dirs(root: Path) -> dict[str, str]:
-    """``[tool.setuptools.package-dir]`` of root/pyproject.toml: package name -> folder."""
-    text = (root / "pyproject.toml").read_text(encoding="utf-8")
-    try:
-        import tomllib  # Python >= 3.11
-    except ImportError:
-        try:
-            import tomli as tomllib
-        except ImportError:  # Python 3.10 without tomli: the table is flat `"key" = "value"` lines.
-            table = re.search(r"^\[tool\.setuptools\.package-dir\]\s*$(.*?)(?=^\[|\Z)", text, re.M | re.S)
-            pairs = re.findall(r'^\s*"?([\w.]*)"?\s*=\s*"([^"]*)"', table.group(1) if table else "", re.M)
-            return dict(pairs)
-    return tomllib.loads(text).get("tool", {}).get("setuptools", {}).get("package-dir", {})
-
-
 def find_modules(root: Path) -> tuple[dict[str, Path], set[str]]:
-    """Every module -> its file, and the package folders (namespace ones included) under the mapped folders."""
-    mapping = package_dirs(root)
-    claimed = {(root / d).resolve() for d in mapping.values()}
+    """Every module of ``root/elastic_bench`` -> its file, and the package folders (namespace ones included)."""
+    base = (root / ROOT_PACKAGE).resolve()
     modules: dict[str, Path] = {}
     folders: set[str] = set()
-    for package, folder in mapping.items():
-        base = (root / folder).resolve()
-        for file in sorted(base.rglob("*.py")):
-            rel = file.relative_to(base).parts
-            if "__pycache__" in rel or any(p.resolve() in claimed for p in list(file.parents)[: len(rel) - 1]):
-                continue  # a sub-folder that another package-dir entry claims is walked under that entry
-            parts = [package, *rel[:-1]] + ([] if file.name == "__init__.py" else [file.stem])
-            modules[".".join(p for p in parts if p)] = file
-            folders.update(".".join(p for p in [package, *rel[:i]] if p) for i in range(len(rel)))
+    for file in sorted(base.rglob("*.py")):
+        rel = file.relative_to(base).parts
+        if "__pycache__" in rel:
+            continue
+        parts = [ROOT_PACKAGE, *rel[:-1]] + ([] if file.name == "__init__.py" else [file.stem])
+        modules[".".join(parts)] = file
+        folders.update(".".join([ROOT_PACKAGE, *rel[:i]]) for i in range(len(rel)))
     return modules, folders
 
 

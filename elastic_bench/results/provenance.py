@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import importlib.metadata
-import importlib.util
 import platform
 import subprocess
 from functools import cache, lru_cache
@@ -35,11 +34,6 @@ def git_hash() -> str | None:
         return None
 
 
-# The folders whose Python files make up elastic-bench (the pillars install under its namespace; pyproject.toml).
-SOURCE_PACKAGES = ("elastic_bench", "elastic_bench.method", "elastic_bench.kernels", "elastic_bench.tasks",
-                   "elastic_bench.reports")
-
-
 def digest(roots: list[Path]) -> str:
     """First 16 hex digits of the SHA-256 over every ``*.py`` file under ``roots`` (relative path and bytes, in
     sorted order): the same code gives the same digest wherever it is copied."""
@@ -55,12 +49,7 @@ def digest(roots: list[Path]) -> str:
 def source_digest() -> str:
     """Digest of the running elastic-bench code. Unlike `git_hash` it does not depend on the checkout's history, so
     it identifies the code of a copied working tree (a remote GPU machine, a wheel) too."""
-    roots = []
-    for name in SOURCE_PACKAGES:
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.submodule_search_locations:
-            roots.append(Path(list(spec.submodule_search_locations)[0]))
-    return digest(roots)
+    return digest([Path(__file__).resolve().parents[1]])  # the elastic_bench package
 
 
 def device_name(device=None) -> str:
