@@ -5,10 +5,11 @@ before anything runs; another device's baseline is not compared."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from elastic_bench.bench.regression import cells, compare
+from elastic_bench.bench.regression import RegressionConfig, cells, compare
 from elastic_bench.cli import main
 
 KERNEL = ["bench", "kernel", "--lengths", "256", "--cells", "three-way", "--backends", "reference", "--query-heads",
@@ -66,3 +67,12 @@ def test_a_bad_baseline_is_one_line_before_the_bench_runs(tmp_path, capsys, cont
     assert main([*KERNEL, "--output", str(out), "--baseline", str(baseline)]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and not out.exists()
+
+
+@pytest.mark.parametrize("shipped", sorted((Path(__file__).resolve().parents[1] / "docs" / "bench").glob("*.json")),
+                         ids=lambda p: p.name)
+def test_the_shipped_h200_baselines_load_and_hold_against_themselves(shipped):
+    baseline = RegressionConfig(baseline=str(shipped)).load()
+    assert baseline["provenance"]["device"] == "NVIDIA H200"
+    flagged, said = compare(baseline, baseline, 0.05)
+    assert flagged == [] and said.startswith(f"{len(cells(baseline))} cells compared") and len(cells(baseline)) >= 4
