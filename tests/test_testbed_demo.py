@@ -60,10 +60,17 @@ def test_reduced_demo_runs_every_method_on_the_testbed(tmp_path, capsys):
             shared = sorted(tasks.REGISTRY.get(task).identities)
             assert cell["in_distribution"] == [{"artifact": "router", "shared": shared}]
             assert cell["artifact_provenance"]["router"]["data"]["records"] == 768
+        elif method == "prulong":  # its masks were trained on the same records
+            shared = sorted(tasks.REGISTRY.get(task).identities)
+            assert cell["in_distribution"] == [{"artifact": "pattern", "shared": shared}]
+        elif method == "duo_attention":  # trained on passkeys: held out, its provenance known
+            assert cell["in_distribution"] == []
+            assert cell["artifact_provenance"]["pattern"]["data"]["identities"] == ["generator:duo.passkey"]
         elif method in ("full", "streaming", "xattention"):
             assert cell["in_distribution"] == [] and cell["artifact_provenance"] == {}
-    marked = [line.split()[-1] for line in printed.splitlines() if line.startswith("testbed  elastic ")]
-    assert marked == ["‡"] * 4
+    for method, marks in (("elastic", {"‡"}), ("prulong", {"‡"}), ("duo_attention", set())):  # the rows' last column
+        rows = [line.split() for line in printed.splitlines() if line.startswith(f"testbed  {method} ")]
+        assert len(rows) == 4 and {row[-1] for row in rows if row[-1] in ("†", "‡", "?")} == marks
     # the demo renders its report: every method in the table, full on both frontiers (the best score at ΩESR 0)
     report = (output / "report" / "report.md").read_text()
     assert all(f"| {name}" in report for name in shown)
