@@ -179,6 +179,8 @@ class ElasticLM(HFLM):
                 logger.warning(TESTBED_TEXT.format(task=group[0].task_name))
             self.handle.reset()
             with self._logging_rows() as rows:
+                if group[0].request_type == "loglikelihood_rolling":
+                    rows.windows = [self._window_count(request.args[0]) for request in group]
                 for i, result in zip(indices, run(group, disable_tqdm=disable_tqdm)):
                     results[i] = result
             stats = self.handle.stats()
@@ -190,6 +192,15 @@ class ElasticLM(HFLM):
                     [per_sample[row] for row in used], [rows.tokens[row] for row in used])
             self.sparsity[key] = self._summary(stats, sorted({row for used in request_rows for row in used}), rows)
         return results
+
+    def _window_count(self, text: str) -> int:
+        """How many windows `HFLM.loglikelihood_rolling` splits the document ``text`` into: lm-eval's
+        `get_rolling_token_windows` called as that method calls it (`_RowLog.of_requests` refuses counts that do not
+        match the rows lm-eval ran)."""
+        windows = lm_eval_utils.get_rolling_token_windows(token_list=self.tok_encode(text),
+                                                          prefix_token=self.prefix_token_id,
+                                                          max_seq_len=self.max_length, context_len=1)
+        return sum(1 for _ in windows)
 
     def _summary(self, stats: dict[str, Any], rows: list[int], log: _RowLog) -> dict[str, Any]:
         """The handle's ``stats`` over the samples ``rows`` (the rows of requests: not lm-eval's batch-size
@@ -229,8 +240,7 @@ class ElasticLM(HFLM):
     @contextlib.contextmanager
     def _logging_rows(self) -> Iterator[_RowLog]:
         """While lm-eval runs one group of requests: note the true length of each row it right-pads, which row
-        each result comes from (`_RowCollator`) and how many windows each rolling document has (all three through
-        `LM_EVAL_PATCH`, which this model holds)."""
+        each result comes from (`_RowCollator`), both through `LM_EVAL_PATCH`, which this model holds."""
         rows = _RowLog()
         self._rows, LM_EVAL_PATCH.rows = rows, rows
         try:
@@ -573,8 +583,6 @@ class _LmEvalPatch:
       (`_RowLog.padded`), so that `ElasticLM._model_call` runs each row on its own tokens.
     - ``lm_eval.models.huggingface.Collator``: `HFLM` reorders, batches and shares rows between requests inside one
       method through this module name; the replacement (`_RowCollator`) tells which row each result came from.
-    - ``lm_eval.utils.get_rolling_token_windows``: `HFLM.loglikelihood_rolling` splits each document into windows
-      without reporting how many; the replacement counts them (`_RowLog.windows`).
     - ``lm_eval.evaluator.evaluate``: the sample dicts of ``--log_samples`` are built inside ``evaluate`` from the
       requests' arguments and responses, with no field a model can add (the limitation behind
       EleutherAI/lm-evaluation-harness#603); the replacement adds each request's sparsity
@@ -618,7 +626,7 @@ class _LmEvalPatch:
     def _apply(self) -> None:
         from lm_eval.config.evaluate_config import EvaluatorConfig
 
-        pad_and_concat, windows = huggingface.pad_and_concat, lm_eval_utils.get_rolling_token_windows
+        pad_and_concat = huggingface.pad_and_concat
         evaluate, save = evaluator.evaluate, EvaluationTracker.save_results_aggregated
         from_cli, process_tasks = EvaluatorConfig.from_cli.__func__, EvaluatorConfig.process_tasks
         signature = inspect.signature(evaluate)
@@ -630,13 +638,6 @@ class _LmEvalPatch:
 
         def collator(*args: Any, **kwargs: Any) -> Collator:
             return Collator(*args, **kwargs) if self.rows is None else _RowCollator(*args, rows=self.rows, **kwargs)
-
-        def rolling_windows(*args: Any, **kwargs: Any) -> Any:
-            if self.rows is None:
-                return windows(*args, **kwargs)
-            found = list(windows(*args, **kwargs))
-            self.rows.windows.append(len(found))
-            return found
 
         @functools.wraps(evaluate)
         def evaluating(*args: Any, **kwargs: Any) -> dict | None:
@@ -661,7 +662,6 @@ class _LmEvalPatch:
             return self.read[2] if self.read and config is self.read[1] else process_tasks(config, metadata)
 
         for owner, name, value in [(huggingface, "pad_and_concat", padding), (huggingface, "Collator", collator),
-                                   (lm_eval_utils, "get_rolling_token_windows", rolling_windows),
                                    (evaluator, "evaluate", evaluating),
                                    (EvaluationTracker, "save_results_aggregated", saving),
                                    (EvaluatorConfig, "from_cli", classmethod(reading)),
