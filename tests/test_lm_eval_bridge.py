@@ -403,3 +403,35 @@ def test_importing_the_bridge_registers_elastic_for_lm_evals_python_api_and_elas
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_importing_the_bridge_changes_no_attribute_of_lm_eval_and_adds_only_elastic_to_its_model_registry():
+    """Every attribute of every lm-eval module (and of every class such a module defines) keeps its value when the
+    bridge is imported; the one change allowed is the registry addition (lm-eval's public extension point), named
+    here: ``model_registry`` gains ``elastic`` → `ElasticLM` (or has its entry-point placeholder resolved to it)."""
+    code = (
+        "import inspect, sys\n"
+        "import lm_eval, lm_eval.evaluator, lm_eval.loggers, lm_eval.models.huggingface, lm_eval.models.utils\n"
+        "import lm_eval.api.model, lm_eval.api.registry, lm_eval.config.evaluate_config, lm_eval._cli, lm_eval.utils\n"
+        "from lm_eval.api.registry import model_registry\n"
+        "def snapshot():\n"
+        "    seen = {}\n"
+        "    for name, module in list(sys.modules.items()):\n"
+        "        if name.split('.')[0] != 'lm_eval' or module is None:\n"
+        "            continue\n"
+        "        for attr, value in list(vars(module).items()):\n"
+        "            seen[f'{name}.{attr}'] = id(value)\n"
+        "            if inspect.isclass(value) and value.__module__.split('.')[0] == 'lm_eval':\n"
+        "                for key, member in list(vars(value).items()):\n"
+        "                    seen[f'{name}.{attr}.{key}'] = id(member)\n"
+        "    return seen\n"
+        "before, registry = snapshot(), dict(model_registry.items())\n"
+        "import elastic_bench.evaluation.lm_eval_bridge as bridge\n"
+        "after = snapshot()\n"
+        "changed = sorted(k for k in before if after.get(k) != before[k])\n"
+        "assert not changed, changed\n"
+        "added = {k: v for k, v in model_registry.items() if registry.get(k) is not v}\n"
+        "assert added == {'elastic': bridge.ElasticLM}, added\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

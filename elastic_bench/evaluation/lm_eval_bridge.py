@@ -3,8 +3,9 @@
 Command line: ``elastic-bench lm-eval run --model elastic --model_args
 pretrained=testbed,method=streaming,method_local=256 --tasks ...`` (every lm-eval flag works; ``--device`` is lm-eval's
 own). Python: ``ElasticLM(pretrained="tiny:qwen3", method="streaming")`` passed to ``lm_eval.simple_evaluate``, or
-``model="elastic"`` once this module is imported (importing it registers the model with lm-eval; lm-eval releases
-that discover plugins read the ``lm_eval.models`` entry point instead, ``pyproject.toml``). Scores follow lm-eval's
+``model="elastic"`` once this module is imported (importing it registers the model with lm-eval's model registry,
+its public extension point, and changes nothing else in lm-eval; lm-eval releases that discover plugins read the
+``lm_eval.models`` entry point instead, ``pyproject.toml``). Scores follow lm-eval's
 protocol (its prompts, truncation and scorers), which differs from the official ones that ``elastic-bench run``
 reproduces: label such numbers "lm-eval protocol" (docs/benchmarks.md). Needs the ``lm-eval`` extra.
 
@@ -39,6 +40,12 @@ Design decisions:
   request's values. With ``tp=N`` the model is sharded over ``N`` ranks as ``run --tp`` shards it (`load_model`'s
   ``tp``); the ranks run the same requests in the same order, so `MethodHandle.stats` / ``decisions`` (collectives
   that join the ranks' heads) are called alike on every rank and give one process's sparsity.
+- lm-eval's internals: the model is `HFLM` subclassed and registered; what lm-eval has no hook for is one patch
+  (`LM_EVAL_PATCH`, its docstring names each attribute and why), held only while an elastic model is open or `cli`
+  runs, and put back after.
+- Length: the module is over 500 lines because it is one adapter to one outside API (the model, its rows, its
+  arguments and lm-eval's command line each read lm-eval's internals); split, each part would import the others'
+  private helpers.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ import json
 import logging
 import math
 import sys
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -61,6 +69,7 @@ from typing import Any
 
 import torch
 from lm_eval import evaluator
+from lm_eval import utils as lm_eval_utils
 from lm_eval.api.model import CachingLM
 from lm_eval.api.registry import register_model
 from lm_eval.loggers import EvaluationTracker
@@ -126,18 +135,25 @@ class ElasticLM(HFLM):
         self.method = plan.method
         self._testbed = plan.source.kind == "testbed"  # warned about when it scores text (`TESTBED_TEXT`)
         model, tokenizer = load_model(plan.source, dtype=plan.dtype, device=_rank_device(plan), tp=plan.tp)
-        self._applied = apply(self.method, model, backend=kernel_backend)
-        self.handle = self._applied.__enter__()
-        self._row_lengths: list[int] | None = None  # true lengths of the rows of the batch lm-eval just padded
+        self._open = contextlib.ExitStack()  # what `close` undoes: lm-eval's patch held, the method applied
+        self._open.enter_context(LM_EVAL_PATCH.held())
+        LM_EVAL_PATCH.models.add(self)
+        self.handle = self._open.enter_context(apply(self.method, model, backend=kernel_backend))
         self._rows: _RowLog | None = None  # the rows of the (task, request type) running now
         self.sparsity: dict[str, dict[str, Any]] = {}  # "task/request type" → stats of its requests
         self.per_request: dict[str, dict[str, Any] | None] = {}  # `request_key` → the request's `combined` sparsity
         kwargs.setdefault("tokenizer", tokenizer)
-        super().__init__(pretrained=model, **kwargs)
+        try:
+            super().__init__(pretrained=model, **kwargs)
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
-        """Restore the model's own attention."""
-        self._applied.__exit__(None, None, None)
+        """Restore the model's own attention and let go of lm-eval's patch (`LM_EVAL_PATCH`); a second call does
+        nothing."""
+        LM_EVAL_PATCH.models.discard(self)
+        self._open.close()
 
     # ---- per-task requests and their sparsity ------------------------------------------------------------------
 
@@ -163,6 +179,8 @@ class ElasticLM(HFLM):
                 logger.warning(TESTBED_TEXT.format(task=group[0].task_name))
             self.handle.reset()
             with self._logging_rows() as rows:
+                if group[0].request_type == "loglikelihood_rolling":
+                    rows.windows = [self._window_count(request.args[0]) for request in group]
                 for i, result in zip(indices, run(group, disable_tqdm=disable_tqdm)):
                     results[i] = result
             stats = self.handle.stats()
@@ -174,6 +192,15 @@ class ElasticLM(HFLM):
                     [per_sample[row] for row in used], [rows.tokens[row] for row in used])
             self.sparsity[key] = self._summary(stats, sorted({row for used in request_rows for row in used}), rows)
         return results
+
+    def _window_count(self, text: str) -> int:
+        """How many windows `HFLM.loglikelihood_rolling` splits the document ``text`` into: lm-eval's
+        `get_rolling_token_windows` called as that method calls it (`_RowLog.of_requests` refuses counts that do not
+        match the rows lm-eval ran)."""
+        windows = lm_eval_utils.get_rolling_token_windows(token_list=self.tok_encode(text),
+                                                          prefix_token=self.prefix_token_id,
+                                                          max_seq_len=self.max_length, context_len=1)
+        return sum(1 for _ in windows)
 
     def _summary(self, stats: dict[str, Any], rows: list[int], log: _RowLog) -> dict[str, Any]:
         """The handle's ``stats`` over the samples ``rows`` (the rows of requests: not lm-eval's batch-size
@@ -213,35 +240,19 @@ class ElasticLM(HFLM):
     @contextlib.contextmanager
     def _logging_rows(self) -> Iterator[_RowLog]:
         """While lm-eval runs one group of requests: note the true length of each row it right-pads, which row
-        each result comes from (`_RowCollator`) and how many windows each rolling document has."""
+        each result comes from (`_RowCollator`), both through `LM_EVAL_PATCH`, which this model holds."""
         rows = _RowLog()
-        pad_and_concat, windows = huggingface.pad_and_concat, huggingface.utils.get_rolling_token_windows
-
-        def recording(max_length: int, tensors: list[torch.Tensor], padding_side: str = "right") -> torch.Tensor:
-            if padding_side == "right":
-                self._row_lengths = [t.shape[0] for t in tensors]
-            return pad_and_concat(max_length, tensors, padding_side=padding_side)
-
-        def counting(*args: Any, **kwargs: Any) -> list[tuple[list[int], list[int]]]:
-            found = list(windows(*args, **kwargs))
-            rows.windows.append(len(found))
-            return found
-
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(_replaced(huggingface, "pad_and_concat", recording))
-            stack.enter_context(_replaced(huggingface, "Collator", functools.partial(_RowCollator, rows=rows)))
-            stack.enter_context(_replaced(huggingface.utils, "get_rolling_token_windows", counting))
-            self._rows = rows
-            try:
-                yield rows
-            finally:
-                self._rows, self._row_lengths = None, None
+        self._rows, LM_EVAL_PATCH.rows = rows, rows
+        try:
+            yield rows
+        finally:
+            self._rows, LM_EVAL_PATCH.rows = None, None
 
     def _model_call(self, inps: torch.Tensor, attn_mask: torch.Tensor | None = None,
                     labels: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``[B, P, V]`` of ``inps [B, P]``; a batch lm-eval right-padded runs left-aligned (`left_aligned`).
         A batch lm-eval did not pad (its batch-size detection) is noted as rows of no request."""
-        lengths, self._row_lengths = self._row_lengths, None
+        lengths = self._rows.take_padded() if self._rows is not None else None
         if self._rows is not None:
             self._rows.add(lengths or [inps.shape[1]] * inps.shape[0], requests=lengths is not None)
         if lengths is None or attn_mask is not None or min(lengths) == inps.shape[1]:
@@ -312,6 +323,7 @@ class _RowLog:
     ``handle.stats()["per_sample"]``."""
 
     tokens: list[int] = dataclasses.field(default_factory=list)  # prompt tokens of each row
+    padded: list[int] | None = None  # true lengths of the rows of the batch lm-eval just right-padded, until run
     fresh: deque[int] = dataclasses.field(default_factory=deque)  # request rows no result has claimed yet
     results: list[int] = dataclasses.field(default_factory=list)  # each result's row, results in lm-eval's order
     windows: list[int] = dataclasses.field(default_factory=list)  # windows of each rolling document, in order
@@ -325,6 +337,11 @@ class _RowLog:
         self.tokens.extend(lengths)
         if requests:
             self.fresh.extend(range(start, len(self.tokens)))
+
+    def take_padded(self) -> list[int] | None:
+        """The true row lengths of the batch lm-eval right-padded last (None: it padded none since the last call)."""
+        lengths, self.padded = self.padded, None
+        return lengths
 
     def of_requests(self, count: int, samples: int) -> list[list[int]]:
         """The rows of each of the ``count`` requests of the group (a rolling document's windows, else one row), in
@@ -392,17 +409,6 @@ def request_key(args: tuple) -> str:
     """A request's identity by content: the SHA-256 of its arguments (an `Instance`'s ``args``, a logged sample's
     ``arguments`` entry) as JSON."""
     return hashlib.sha256(json.dumps(args, sort_keys=True, default=str, ensure_ascii=False).encode()).hexdigest()
-
-
-@contextlib.contextmanager
-def _replaced(owner: Any, name: str, value: Any) -> Iterator[None]:
-    """``owner.name`` is ``value`` inside the block (a class's own descriptor, a classmethod say, is put back)."""
-    previous = inspect.getattr_static(owner, name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, previous)
 
 
 # ---- model arguments ---------------------------------------------------------------------------------------------
@@ -562,42 +568,109 @@ def sparsity_path(tracker: EvaluationTracker) -> Path:
     return path / str(tracker.general_config_tracker.model_name_sanitized) / f"sparsity_{tracker.date_id}.json"
 
 
-def _also_save_sparsity(save: Callable[..., None]) -> Callable[..., None]:
-    """Wrap `EvaluationTracker.save_results_aggregated` so that an elastic run's sparsity is written beside it."""
+class _LmEvalPatch:
+    """The one patch of lm-eval's internals the bridge needs, held while an elastic model is open (`ElasticLM`, from
+    its construction to `ElasticLM.close`) and while `cli` runs lm-eval (`held`); lm-eval's own attributes are put
+    back when the last holder lets go. Importing the bridge changes no lm-eval attribute: it only adds ``elastic`` to
+    lm-eval's model registry (``register_model``, its public extension point).
 
-    @functools.wraps(save)
-    def save_results_aggregated(tracker: EvaluationTracker, results: dict, samples: dict | None = None) -> None:
-        save(tracker, results=results, samples=samples)
-        report = results.get("config", {}).get(REPORT_KEY)
-        if report is not None and tracker.output_path:
-            write_json(sparsity_path(tracker), report)
+    lm-eval 0.4.13 offers no hook for what the bridge records, so each attribute below is replaced; each replacement
+    does what lm-eval's own does unless an elastic model is running a group of requests (``rows``), an elastic
+    model's results are handled, or ``cli``'s parsed command line is read again (``read``):
 
-    save_results_aggregated.elastic_bench = True
-    return save_results_aggregated
+    - ``lm_eval.models.huggingface.pad_and_concat``: `HFLM._loglikelihood_tokens` right-pads a batch and calls
+      ``_model_call(inps)`` with no attention mask and no row lengths; the replacement notes the true lengths
+      (`_RowLog.padded`), so that `ElasticLM._model_call` runs each row on its own tokens.
+    - ``lm_eval.models.huggingface.Collator``: `HFLM` reorders, batches and shares rows between requests inside one
+      method through this module name; the replacement (`_RowCollator`) tells which row each result came from.
+    - ``lm_eval.evaluator.evaluate``: the sample dicts of ``--log_samples`` are built inside ``evaluate`` from the
+      requests' arguments and responses, with no field a model can add (the limitation behind
+      EleutherAI/lm-evaluation-harness#603); the replacement adds each request's sparsity
+      (`ElasticLM.add_sample_sparsity`).
+    - ``lm_eval.loggers.EvaluationTracker.save_results_aggregated``: lm-eval's command line makes its tracker itself
+      and gives models no output hook; the replacement also writes ``sparsity_<date>.json`` (`sparsity_path`).
+    - ``lm_eval.config.evaluate_config.EvaluatorConfig.from_cli`` and ``process_tasks``: lm-eval's ``run`` command
+      reads its configuration and task list from the parsed command line again; for `cli`'s own command line the
+      replacements return what `cli` already read and checked (the task list takes seconds to index).
+
+    Attributes:
+        rows: the rows of the group of requests an elastic model is running now (`ElasticLM._logging_rows`), or None.
+        read: ``(namespace, configuration, task manager)`` of the command line `cli` is running, or None.
+        models: the elastic models open now (`cli` closes those its run opened).
+    """
+
+    def __init__(self):
+        self.rows: _RowLog | None = None
+        self.read: tuple[Any, Any, Any] | None = None
+        self.models: weakref.WeakSet[ElasticLM] = weakref.WeakSet()
+        self._holders = 0
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    @contextlib.contextmanager
+    def held(self, read: tuple[Any, Any, Any] | None = None) -> Iterator[None]:
+        """lm-eval patched inside the block (``read``: `cli`'s command line, as `read` documents)."""
+        if self._holders == 0:
+            self._apply()
+        self._holders += 1
+        previous, self.read = self.read, read or self.read
+        try:
+            yield
+        finally:
+            self.read = previous
+            self._holders -= 1
+            if self._holders == 0:
+                for owner, name, value in reversed(self._saved):
+                    setattr(owner, name, value)
+                self._saved = []
+
+    def _apply(self) -> None:
+        from lm_eval.config.evaluate_config import EvaluatorConfig
+
+        pad_and_concat = huggingface.pad_and_concat
+        evaluate, save = evaluator.evaluate, EvaluationTracker.save_results_aggregated
+        from_cli, process_tasks = EvaluatorConfig.from_cli.__func__, EvaluatorConfig.process_tasks
+        signature = inspect.signature(evaluate)
+
+        def padding(max_length: int, tensors: list[torch.Tensor], padding_side: str = "right") -> torch.Tensor:
+            if self.rows is not None and padding_side == "right":
+                self.rows.padded = [t.shape[0] for t in tensors]
+            return pad_and_concat(max_length, tensors, padding_side=padding_side)
+
+        def collator(*args: Any, **kwargs: Any) -> Collator:
+            return Collator(*args, **kwargs) if self.rows is None else _RowCollator(*args, rows=self.rows, **kwargs)
+
+        @functools.wraps(evaluate)
+        def evaluating(*args: Any, **kwargs: Any) -> dict | None:
+            results = evaluate(*args, **kwargs)
+            lm = signature.bind(*args, **kwargs).arguments["lm"]
+            lm = lm.lm if isinstance(lm, CachingLM) else lm
+            if isinstance(lm, ElasticLM) and results is not None and "samples" in results:
+                lm.add_sample_sparsity(results["samples"])
+            return results
+
+        @functools.wraps(save)
+        def saving(tracker: EvaluationTracker, results: dict, samples: dict | None = None) -> None:
+            save(tracker, results=results, samples=samples)
+            report = results.get("config", {}).get(REPORT_KEY)
+            if report is not None and tracker.output_path:
+                write_json(sparsity_path(tracker), report)
+
+        def reading(cls: type, namespace: Any) -> Any:
+            return self.read[1] if self.read and namespace is self.read[0] else from_cli(cls, namespace)
+
+        def tasks(config: Any, metadata: dict | None = None) -> Any:
+            return self.read[2] if self.read and config is self.read[1] else process_tasks(config, metadata)
+
+        for owner, name, value in [(huggingface, "pad_and_concat", padding), (huggingface, "Collator", collator),
+                                   (evaluator, "evaluate", evaluating),
+                                   (EvaluationTracker, "save_results_aggregated", saving),
+                                   (EvaluatorConfig, "from_cli", classmethod(reading)),
+                                   (EvaluatorConfig, "process_tasks", tasks)]:
+            self._saved.append((owner, name, inspect.getattr_static(owner, name)))
+            setattr(owner, name, value)
 
 
-def _also_sample_sparsity(evaluate: Callable[..., dict | None]) -> Callable[..., dict | None]:
-    """Wrap lm-eval's ``evaluate`` so that the samples it logs for an elastic model carry each request's sparsity
-    (`ElasticLM.add_sample_sparsity`): in ``results["samples"]``, and so in the ``samples_*.jsonl`` files."""
-    signature = inspect.signature(evaluate)
-
-    @functools.wraps(evaluate)
-    def evaluate_with_sample_sparsity(*args: Any, **kwargs: Any) -> dict | None:
-        results = evaluate(*args, **kwargs)
-        lm = signature.bind(*args, **kwargs).arguments["lm"]
-        lm = lm.lm if isinstance(lm, CachingLM) else lm
-        if isinstance(lm, ElasticLM) and results is not None and "samples" in results:
-            lm.add_sample_sparsity(results["samples"])
-        return results
-
-    evaluate_with_sample_sparsity.elastic_bench = True
-    return evaluate_with_sample_sparsity
-
-
-if not getattr(EvaluationTracker.save_results_aggregated, "elastic_bench", False):
-    EvaluationTracker.save_results_aggregated = _also_save_sparsity(EvaluationTracker.save_results_aggregated)
-if not getattr(evaluator.evaluate, "elastic_bench", False):
-    evaluator.evaluate = _also_sample_sparsity(evaluator.evaluate)
+LM_EVAL_PATCH = _LmEvalPatch()
 
 
 # ---- the command line --------------------------------------------------------------------------------------------
@@ -609,13 +682,13 @@ def cli(argv: list[str]) -> int:
     Everything a user can get wrong is checked before lm-eval runs, with what lm-eval prints meanwhile held back
     (`_held_output`), so that it ends in one line (a ValueError): lm-eval's parser's errors (`_parser_error`), its
     configuration's and task list's, and the elastic model's arguments (`check_model_args`). lm-eval then runs on the
-    configuration and tasks already read.
+    configuration and tasks already read, holding `LM_EVAL_PATCH`; the elastic models it opened are closed when it
+    ends.
 
     Raises:
         ValueError: a user error (one line).
     """
     from lm_eval._cli import HarnessCLI
-    from lm_eval.config.evaluate_config import EvaluatorConfig
     from lm_eval.utils import setup_logging
 
     setup_logging()
@@ -633,9 +706,13 @@ def cli(argv: list[str]) -> int:
     if args.command != "run":
         parser.execute(args)
         return 0
-    with _replaced(EvaluatorConfig, "from_cli", classmethod(lambda cls, namespace: config)), \
-            _replaced(EvaluatorConfig, "process_tasks", lambda self, metadata=None: tasks):
-        parser.execute(args)
+    with LM_EVAL_PATCH.held(read=(args, config, tasks)):
+        before = set(LM_EVAL_PATCH.models)
+        try:
+            parser.execute(args)
+        finally:
+            for lm in set(LM_EVAL_PATCH.models) - before:  # lm-eval leaves the model it made open
+                lm.close()
     return 0
 
 
