@@ -593,19 +593,6 @@ def _cell_config(inputs: _CellInputs, n: int) -> dict[str, Any]:
     }
 
 
-def _resolved_options(method: Method) -> dict[str, Any]:
-    """The options ``method`` left unset (None: its learned file's own) with the values it ran with, once set up:
-    Elastic Attention's mode, streaming geometry and XAttention threshold from its router checkpoint
-    (``{"mode": "fa-ssa", "sink": 128, ...}``); {} for the other methods, whose unset options defer to no file. Recorded
-    in ``metrics.json``: the router loads when the cell's work begins, after its ``config.json`` is written."""
-    from elastic_bench.method.elastic import Elastic
-
-    if not isinstance(method, Elastic) or method.routers is None:
-        return {}
-    resolved = dataclasses.asdict(method.routers.config.attention)
-    return {k: resolved[k] for k, v in method.options().items() if v is None and k in resolved}
-
-
 def _run_cell(inputs: _CellInputs) -> None:
     import torch
     from tqdm.auto import tqdm
@@ -665,7 +652,7 @@ def _run_cell(inputs: _CellInputs) -> None:
                     **_cell_config(inputs, len(records)),
                     "status": "complete",
                     "method_label": cell.method,
-                    "method_resolved": _resolved_options(method),
+                    "method_resolved": method.resolved_options(),  # known once its files load, after config.json
                     **backends_used(records),
                     "world_size": ranks.world_size,
                     "tp": ranks.tp,
