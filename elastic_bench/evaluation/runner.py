@@ -255,10 +255,10 @@ def run(config: RunConfig, budgets: BudgetConfig | None = None) -> list[dict[str
 
 
 def _run(config: RunConfig, held: Path, budgets: BudgetConfig | None = None) -> list[dict[str, Any]]:
-    import torch
     from tqdm.auto import tqdm
 
     from elastic_bench.foundation.files import exclusive
+    from elastic_bench.kernels import torch_dtype
     from elastic_bench.modeling.generation import stop_ids
     from elastic_bench.modeling.loading import (
         check_backend,
@@ -327,9 +327,8 @@ def _run(config: RunConfig, held: Path, budgets: BudgetConfig | None = None) -> 
                         _check_cell(cell_of(label, task_name, length), fingerprint(label, task_name, length),
                                     config.strict, config.data_dir)
         ranks.barrier()
-        dtype = getattr(torch, config.dtype) if config.dtype else None
-        model, tokenizer = load_model(source, dtype=dtype, device=ranks.device(config.device), tp=config.tp,
-                                      device_map=config.device_map)
+        model, tokenizer = load_model(source, dtype=torch_dtype(config.dtype), device=ranks.device(config.device),
+                                      tp=config.tp, device_map=config.device_map)
         provenance = {label: {name: found for name, (_, found) in files.items()}
                       for label, files in learned_by_label.items()}
         session = _Session(config, model, tokenizer, model_context(model.config), stop_ids(model, tokenizer),
