@@ -360,9 +360,9 @@ def test_every_score_point_has_its_interval_from_the_per_sample_scores(run_dir):
 
 
 def test_the_shipped_sweep_renders_with_its_routers_told_apart(tmp_path):
-    from elastic_bench.modeling.loading import TESTBED_DIR
+    from elastic_bench.evaluation.commands import SWEEP_RUN
 
-    (comparison,) = summarize(load_cells(TESTBED_DIR / "sweep_run"))
+    (comparison,) = summarize(load_cells(SWEEP_RUN))
     routers = [c.label for c in comparison.configs if c.method_name == "elastic"]
     assert routers == [f"elastic (router=sensitive_{t})" for t in ("0.6", "0.7", "0.8", "0.9")]
     assert all("=" not in c.label.split(" (")[0] for c in comparison.configs)  # no folder names as labels

@@ -1,19 +1,19 @@
-"""The runner records the options a method left unset with the values it ran with (``method_resolved`` of a cell's
-metrics.json), which the report's legend shows: an elastic router's mode and streaming geometry."""
+"""A method records the options it left unset with the values it ran with (`Method.resolved_options`, the
+``method_resolved`` of a cell's metrics.json), which the report's legend shows: an elastic router's mode and streaming
+geometry."""
 
 from __future__ import annotations
 
 from elastic_bench import get_method
-from elastic_bench.evaluation.runner import _resolved_options
 
 
 def test_elastic_records_the_geometry_its_router_set(tiny_models):
     model, _ = tiny_models["qwen3"]
     method = get_method("elastic", router="untrained", sink=4)
-    assert _resolved_options(method) == {}  # not set up: nothing loaded yet, nothing to tell
+    assert method.resolved_options() == {}  # not set up: nothing loaded yet, nothing to tell
     method.setup(model)
     try:
-        resolved = _resolved_options(method)
+        resolved = method.resolved_options()
     finally:
         method.teardown(model)
     attention = method.routers.config.attention
@@ -23,4 +23,4 @@ def test_elastic_records_the_geometry_its_router_set(tiny_models):
 
 
 def test_a_method_without_learned_defaults_records_none():
-    assert _resolved_options(get_method("streaming")) == {}
+    assert get_method("streaming").resolved_options() == {}

@@ -8,6 +8,7 @@ import json
 from statistics import mean
 
 from elastic_bench.cli import main
+from elastic_bench.evaluation.commands import SWEEP_RUN
 from elastic_bench.method import synthetic_records
 from elastic_bench.modeling.loading import TESTBED_DIR
 from elastic_bench.reports import load_cells, pareto_front
@@ -46,7 +47,7 @@ def test_the_shipped_router_is_the_one_the_testbed_sweeps_rule_picks():
     """docs/testbed.md's rule, applied to the shipped sweep run (H200, 50 samples per cell): of the routers on the
     frontier of mean score vs mean ΩESR over all methods, those within 2 points of full on each family; the sparsest
     of them, a tie going to the router whose sensitive ΩMSR is closest to its target."""
-    cells = load_cells(TESTBED_DIR / "sweep_run")
+    cells = load_cells(SWEEP_RUN)
     assert all(c.complete and c.num_samples == 50 for c in cells)
     methods = sorted({c.method for c in cells})
     assert all(len([c for c in cells if c.method == m]) == 12 for m in methods)  # 4 tasks × 1K / 2K / 4K each

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from elastic_bench import cli, method_names
+from elastic_bench.evaluation.commands import SWEEP_RUN
 from elastic_bench.modeling.loading import TESTBED_DIR, load_model
 from elastic_bench.testbed.vocab import build
 
@@ -76,7 +77,7 @@ def test_reduced_demo_runs_every_method_on_the_testbed(tmp_path, capsys):
     assert all(f"| {name}" in report for name in shown)
     assert "Pareto frontier, score vs ΩESR" in report and (output / "report" / "report.html").exists()
     # and the report of the shipped router target sweep: every configuration of it, and its frontier
-    sweep_run = TESTBED_DIR / "sweep_run" / "testbed"
+    sweep_run = SWEEP_RUN / "testbed"
     sweep = (output / "sweep_report" / "report.md").read_text()
     assert all(d.name in sweep for d in sweep_run.iterdir()) and "Pareto frontier, score vs ΩESR" in sweep
     assert f"router target sweep (precomputed): {output / 'sweep_report' / 'report.html'}" in printed
@@ -102,6 +103,16 @@ def test_reduced_demo_runs_every_method_on_the_testbed(tmp_path, capsys):
     assert "| elastic (router=testbed/elastic_router)" in report
     assert ("learned files: duo_attention: pattern=testbed/duo_gates; elastic: router=testbed/elastic_router; "
             "prulong: pattern=testbed/prulong_gates") in printed
+
+
+def test_the_demo_says_it_skips_the_sweep_report_where_its_run_folder_is_absent(tmp_path, monkeypatch, capsys):
+    from elastic_bench.evaluation import commands
+
+    monkeypatch.setattr(commands, "SWEEP_RUN", tmp_path / "absent")  # a wheel install: no docs/ beside the package
+    commands._sweep_report(tmp_path / "sweep_report")
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("router target sweep (precomputed): skipped") and "docs/testbed/sweep_run" in line
+    assert not (tmp_path / "sweep_report").exists()
 
 
 def test_head_ablation_finds_the_shipped_retrieval_heads_and_writes_duo_gates(tmp_path):

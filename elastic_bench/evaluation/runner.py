@@ -255,10 +255,10 @@ def run(config: RunConfig, budgets: BudgetConfig | None = None) -> list[dict[str
 
 
 def _run(config: RunConfig, held: Path, budgets: BudgetConfig | None = None) -> list[dict[str, Any]]:
-    import torch
     from tqdm.auto import tqdm
 
     from elastic_bench.foundation.files import exclusive
+    from elastic_bench.kernels import torch_dtype
     from elastic_bench.modeling.generation import stop_ids
     from elastic_bench.modeling.loading import (
         check_backend,
@@ -327,9 +327,8 @@ def _run(config: RunConfig, held: Path, budgets: BudgetConfig | None = None) -> 
                         _check_cell(cell_of(label, task_name, length), fingerprint(label, task_name, length),
                                     config.strict, config.data_dir)
         ranks.barrier()
-        dtype = getattr(torch, config.dtype) if config.dtype else None
-        model, tokenizer = load_model(source, dtype=dtype, device=ranks.device(config.device), tp=config.tp,
-                                      device_map=config.device_map)
+        model, tokenizer = load_model(source, dtype=torch_dtype(config.dtype), device=ranks.device(config.device),
+                                      tp=config.tp, device_map=config.device_map)
         provenance = {label: {name: found for name, (_, found) in files.items()}
                       for label, files in learned_by_label.items()}
         session = _Session(config, model, tokenizer, model_context(model.config), stop_ids(model, tokenizer),
@@ -593,19 +592,6 @@ def _cell_config(inputs: _CellInputs, n: int) -> dict[str, Any]:
     }
 
 
-def _resolved_options(method: Method) -> dict[str, Any]:
-    """The options ``method`` left unset (None: its learned file's own) with the values it ran with, once set up:
-    Elastic Attention's mode, streaming geometry and XAttention threshold from its router checkpoint
-    (``{"mode": "fa-ssa", "sink": 128, ...}``); {} for the other methods, whose unset options defer to no file. Recorded
-    in ``metrics.json``: the router loads when the cell's work begins, after its ``config.json`` is written."""
-    from elastic_bench.method.elastic import Elastic
-
-    if not isinstance(method, Elastic) or method.routers is None:
-        return {}
-    resolved = dataclasses.asdict(method.routers.config.attention)
-    return {k: resolved[k] for k, v in method.options().items() if v is None and k in resolved}
-
-
 def _run_cell(inputs: _CellInputs) -> None:
     import torch
     from tqdm.auto import tqdm
@@ -665,7 +651,7 @@ def _run_cell(inputs: _CellInputs) -> None:
                     **_cell_config(inputs, len(records)),
                     "status": "complete",
                     "method_label": cell.method,
-                    "method_resolved": _resolved_options(method),
+                    "method_resolved": method.resolved_options(),  # known once its files load, after config.json
                     **backends_used(records),
                     "world_size": ranks.world_size,
                     "tp": ranks.tp,

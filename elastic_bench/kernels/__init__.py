@@ -7,12 +7,14 @@ implementations), `topk/` those of the top-k block methods (InfLLM-V2, MoBA, NSA
 computes (ΩMSR, ΩESR).
 """
 
+from .dtypes import DTYPES, torch_dtype
 from .hybrid import available_backends, backend_names, hybrid_attention, register_backend, resolve_backend
 from .plan import BlockSelection, HeadPlan, Mode, StreamingGeometry
 from .sparsity import STATISTICS, PairCounts, SparsityMeter, causal_pairs, pair_counts, sample_means
 from .xattention import xattention_select
 
 __all__ = [
+    "DTYPES",
     "STATISTICS",
     "BlockSelection",
     "HeadPlan",
@@ -28,5 +30,6 @@ __all__ = [
     "register_backend",
     "resolve_backend",
     "sample_means",
+    "torch_dtype",
     "xattention_select",
 ]

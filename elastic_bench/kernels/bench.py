@@ -200,12 +200,13 @@ def _bench_length(cfg: KernelBenchConfig, length: int, backends, xa_backends, de
     import torch
     import torch.nn.functional as F
 
+    from .dtypes import torch_dtype
     from .hybrid import hybrid_attention
     from .sparsity import pair_counts
 
     records: list[dict[str, Any]] = []
     scale = cfg.head_dim**-0.5
-    dtype = getattr(torch, cfg.dtype)
+    dtype = torch_dtype(cfg.dtype)
     shape_q = (cfg.batch, cfg.query_heads, length, cfg.head_dim)
     shape_kv = (cfg.batch, cfg.kv_heads, length, cfg.head_dim)
     q = torch.randn(shape_q, device=device, dtype=dtype, generator=gen)

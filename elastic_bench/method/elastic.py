@@ -27,6 +27,7 @@ Design decisions:
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -167,6 +168,14 @@ class Elastic(Method):
         knobs = {"mode": self.mode, "sink": self.sink, "local": self.local, "granularity": self.granularity,
                  "xa_threshold": XA_THRESHOLDS.get(self.xa_threshold, self.xa_threshold), "selector": self.selector}
         return {k: v for k, v in knobs.items() if v is not None}
+
+    def resolved_options(self) -> dict[str, Any]:
+        """The mode, streaming geometry and XAttention threshold left unset, as the router checkpoint sets them
+        (``{"mode": "fa-ssa", "sink": 128, ...}``); {} before `setup` loads the routers."""
+        if self.routers is None:
+            return {}
+        resolved = dataclasses.asdict(self.routers.config.attention)
+        return {k: resolved[k] for k, v in self.options().items() if v is None and k in resolved}
 
     # ---- setup ---------------------------------------------------------------------------------------------------
 

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from elastic_bench.foundation.files import exclusive
+from elastic_bench.kernels import torch_dtype
 from elastic_bench.training.distributed import Ranks
 from elastic_bench.training.engine import (
     LossModel,
@@ -194,6 +195,7 @@ class RouterTrainConfig:
             self.attention = ModeConfig(**self.attention)
         self.betas = tuple(self.betas)
         self.t_interval = tuple(self.t_interval) if self.t_interval is not None else None
+        torch_dtype(self.dtype)  # a ValueError naming the dtypes for any other name
         checks = {
             "steps must be >= 1": self.steps >= 1,
             "rows_per_step must be >= 1": self.rows_per_step >= 1,
@@ -208,7 +210,6 @@ class RouterTrainConfig:
             "pooling must be 'boundary' or 'mean'": self.pooling in ("boundary", "mean"),
             "relaxation must be 'softmax' or 'sigmoid'": self.relaxation in ("softmax", "sigmoid"),
             "train_pooling must be 'boundary', 'mean' or None": self.train_pooling in (None, "boundary", "mean"),
-            "dtype must be bfloat16, float16 or float32": self.dtype in (None, "bfloat16", "float16", "float32"),
             "seed must be >= 0": self.seed >= 0,
         }
         failed = [message for message, ok in checks.items() if not ok]
@@ -279,9 +280,8 @@ def _train(config: RouterTrainConfig, options: RunOptions, loaded: tuple[nn.Modu
     if loaded is not None and ranks.world_size > 1:
         raise ValueError("a preloaded model cannot be trained under torchrun; pass the model spec in the config")
     source = locate(config.data, config.data_dir)  # before the model loads
-    model, tokenizer = loaded or load_model(
-        config.model, dtype=getattr(torch, config.dtype) if config.dtype else None, device=ranks.device(config.device)
-    )
+    model, tokenizer = loaded or load_model(config.model, dtype=torch_dtype(config.dtype),
+                                            device=ranks.device(config.device))
     device = next(model.parameters()).device
     backend = training_backend(config.backend, device)
     if config.rows_per_step % ranks.world_size:

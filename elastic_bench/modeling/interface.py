@@ -143,6 +143,12 @@ class Method:
         """Method-specific statistics merged into `MethodHandle.stats` (e.g. realised sparsity of a gate file)."""
         return {}
 
+    def resolved_options(self) -> dict[str, Any]:
+        """The options this method left unset (None: a learned file's own) with the values it runs with, once `setup`
+        has loaded that file, e.g. ``{"mode": "fa-ssa", "local": 2048}``; a run records them in each cell's
+        ``metrics.json`` (``method_resolved``). {} by default: a method whose unset options defer to no file."""
+        return {}
+
     def artifacts(self, model_dir: str) -> dict[str, Path]:
         """The learned files `setup` will load for the model at ``model_dir`` (its local folder, a hub id, or ``""``
         for a built-in model), by option name: a run identifies its results by their contents. None by default."""

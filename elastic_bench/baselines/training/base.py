@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from elastic_bench.foundation.files import exclusive, write_json, write_table
+from elastic_bench.kernels import torch_dtype
 from elastic_bench.training.distributed import Ranks
 from elastic_bench.training.engine import (
     Objective,
@@ -183,8 +184,7 @@ def load_frozen(config: GateTrainConfig, device: torch.device) -> tuple[nn.Modul
     """``(model, tokenizer)``: the model loaded on ``device``, parameters frozen."""
     from elastic_bench.modeling.loading import load_model
 
-    dtype = getattr(torch, config.dtype) if config.dtype else None
-    model, tokenizer = load_model(config.model, dtype=dtype, device=device)
+    model, tokenizer = load_model(config.model, dtype=torch_dtype(config.dtype), device=device)
     model.requires_grad_(False)
     if config.gradient_checkpointing:
         enable_gradient_checkpointing(model)

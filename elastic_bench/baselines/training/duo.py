@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from elastic_bench.kernels import torch_dtype
 from elastic_bench.training.engine import RunOptions, all_reduce_sum, autocast
 
 from .base import GateObjective, GateTrainConfig, run_gate_training
@@ -110,7 +111,7 @@ class DuoObjective(GateObjective):
 
         layers = len(attention_modules(model))
         self.gate_module = Gates(layers, model.config.num_key_value_heads, config.initial_value,
-                                 getattr(torch, config.gate_dtype)).to(device)
+                                 torch_dtype(config.gate_dtype)).to(device)
         alpha = self.gate_module.alpha
         self.modules = {"gates": self.gate_module}
         self.optimizer = torch.optim.AdamW([alpha], lr=config.lr, weight_decay=0.0)
