@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from elastic_bench.method.data import read_data
 from elastic_bench.method.trainer import RouterTrainConfig, _data, spread
 from elastic_bench.training.engine import in_range, tokenize
 from elastic_bench.training.records import to_example
@@ -35,7 +36,7 @@ def test_the_router_trainer_drops_long_rows_unless_told_to_truncate(rule, kept, 
     data.write_text("\n".join(json.dumps(r) for r in _records([5, 5, 300, 300])))
     config = RouterTrainConfig(model="tiny:qwen3", data=str(data), max_tokens=400, pack_tokens=400,
                                length_rule=rule, targets={"sensitive": 0.5, "robust": 1.0})
-    _, rows, _, data, read = _data(config, tokenizer, False, ("file", data))
+    _, rows, _, data, read = _data(config, tokenizer, False, ("file", data), read_data("file", data))
     assert sum(row.num_samples for row in rows) == kept
     assert all(len(row.input_ids) <= 400 for row in rows)
     assert data["records"] == kept and f"4 records read, {kept} kept" in read  # the provenance: what was trained on
@@ -59,6 +60,6 @@ def test_the_final_evaluation_sees_every_length_of_the_records(tmp_path, tiny_mo
     data.write_text("\n".join(json.dumps(r) for r in _records([10] * 6 + [50] * 6)))
     config = RouterTrainConfig(model="tiny:qwen3", data=str(data), pack_tokens=400, eval_samples=2,
                                targets={"sensitive": 0.5, "robust": 1.0})
-    eval_rows = _data(config, tokenizer, False, ("file", data))[2]
+    eval_rows = _data(config, tokenizer, False, ("file", data), read_data("file", data))[2]
     lengths = sorted(n for row in eval_rows for n in row.prompt_lens)
     assert len(lengths) == 4 and lengths[1] + 100 < lengths[2]  # per category, one short prompt and one long one

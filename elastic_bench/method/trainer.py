@@ -64,7 +64,6 @@ from elastic_bench.training.engine import (
 from elastic_bench.training.engine import all_reduce_sum as _all_reduce_sum
 from elastic_bench.training.engine import tokenize as tokenize_examples
 from elastic_bench.training.provenance import epoch_tokens, learned_provenance
-from elastic_bench.training.records import OFFICIAL_MIXTURES, PAPER_LABELS, read_examples
 
 from .checkpoint import RouterBank, RouterConfig, save_routers
 from .data import (
@@ -248,29 +247,29 @@ def train(
 
     The output folder is locked for the run (`elastic_bench.foundation.files.exclusive`).
     """
-    check_targets(data_categories(config), config.targets)  # a misspelt --target, before the model loads
+    source = locate(config.data, config.data_dir)  # before the model loads
+    records = None if source[1] is None else read_data(*source)  # a file or the official mixture, read once
+    check_targets(data_categories(config, records), config.targets)  # a misspelt --target, before the model loads
     ranks = Ranks.from_env(config.device)
     with exclusive(options.output, "elastic-bench train-router", enabled=ranks.is_main):
-        return _train(config, options, loaded, ranks)
+        return _train(config, options, loaded, ranks, source, records)
 
 
-def data_categories(config: RouterTrainConfig) -> set[str]:
+def data_categories(config: RouterTrainConfig, records: list[dict[str, Any]] | None) -> set[str]:
     """The categories of the training data ``config.data``, known without a model: those of the records a model's
-    own data holds (``records``), of the synthetic set, the official mixture's five task labels (`PAPER_LABELS`), or
-    the categories of the records file's records."""
+    own data holds (``records``), of the synthetic set, or of the ``records`` read from a file or the official
+    mixture."""
     from elastic_bench.training.make_records import CATEGORIES
 
     if config.data == "records":
         return set(CATEGORIES)
     if config.data == "synthetic":
         return {r["category"] for r in synthetic_records(2, 1, config.seed)}
-    if config.data in OFFICIAL_MIXTURES:
-        return set(PAPER_LABELS)
-    return {e.category for e in read_examples(locate(config.data, config.data_dir)[1])}
+    return {to_example(r, f"{config.data} record {i + 1}").category for i, r in enumerate(records)}
 
 
-def _train(config: RouterTrainConfig, options: RunOptions, loaded: tuple[nn.Module, Any] | None,
-           ranks: Ranks) -> TrainResult:
+def _train(config: RouterTrainConfig, options: RunOptions, loaded: tuple[nn.Module, Any] | None, ranks: Ranks,
+           source: tuple[str, Path | None], records: list[dict[str, Any]] | None) -> TrainResult:
     from elastic_bench.modeling.attention import apply
     from elastic_bench.modeling.layer_kinds import layer_kinds
     from elastic_bench.modeling.loading import load_model
@@ -279,7 +278,6 @@ def _train(config: RouterTrainConfig, options: RunOptions, loaded: tuple[nn.Modu
 
     if loaded is not None and ranks.world_size > 1:
         raise ValueError("a preloaded model cannot be trained under torchrun; pass the model spec in the config")
-    source = locate(config.data, config.data_dir)  # before the model loads
     model, tokenizer = loaded or load_model(config.model, dtype=torch_dtype(config.dtype),
                                             device=ranks.device(config.device))
     device = next(model.parameters()).device
@@ -292,7 +290,7 @@ def _train(config: RouterTrainConfig, options: RunOptions, loaded: tuple[nn.Modu
 
     recurrent = any(kind.kind == "linear" for kind in layer_kinds(model.config))
     categories, rows, eval_rows, data, read = _data(config, tokenizer, options.progress and ranks.is_main, source,
-                                                    alone=recurrent)
+                                                    records, alone=recurrent)
     if ranks.is_main:
         print(read)
     layers, kv_heads, head_dim = model_layout(model)
@@ -549,19 +547,18 @@ def evaluate_routing(handle, loss_model: LossModel, rows: list[PackedRow], categ
 # ---- data ----------------------------------------------------------------------------------------------------------
 
 
-def _data(config: RouterTrainConfig, tokenizer, progress: bool, source: tuple[str, Path | None], alone: bool = False
+def _data(config: RouterTrainConfig, tokenizer, progress: bool, source: tuple[str, Path | None],
+          records: list[dict[str, Any]] | None, alone: bool = False
           ) -> tuple[list[str], list[PackedRow], list[PackedRow], dict[str, Any], str]:
     """The categories, the training rows and the rows of the final evaluation (prompts only) of the data that
-    ``source`` names (`elastic_bench.method.data.locate`), the data block of its provenance and a line saying what was
-    read; ``alone``: one sample per row (a model with linear-attention layers, whose recurrence would run on across
-    packed samples)."""
+    ``source`` names (`elastic_bench.method.data.locate`; ``records``: those read from its file or mixture, None for
+    the data made here), the data block of its provenance and a line saying what was read; ``alone``: one sample per
+    row (a model with linear-attention layers, whose recurrence would run on across packed samples)."""
     kind, path = source
     if kind == "records":
         records = model_records(config, tokenizer, progress)
     elif kind == "synthetic":
         records = synthetic_records(config.synthetic_samples, config.synthetic_length, config.seed)
-    else:
-        records = read_data(kind, path)
     examples = [to_example(r, f"{config.data} record {i + 1}") for i, r in enumerate(records)]
     categories = check_categories(examples, config.targets)
     max_tokens = config.max_tokens or config.pack_tokens

@@ -74,16 +74,16 @@ def files_sha256(folder: Path, files: list[Path]) -> str:
 def read_records(path: str | Path) -> list[Any]:
     """Records of a ``.jsonl`` or ``.parquet`` file, or of every such file in a directory (sorted by name); each JSON
     line at most `elastic_bench.foundation.files.MAX_LINE_BYTES`."""
-    return [record for _, record in _located(path)]
+    return [record for _, record in located_records(path)]
 
 
 def read_examples(path: str | Path) -> list[Example]:
     """The records at ``path`` (`read_records`) as examples (`to_example`), a bad record named by its file and
     line."""
-    return [to_example(record, where) for where, record in _located(path)]
+    return [to_example(record, where) for where, record in located_records(path)]
 
 
-def _located(path: str | Path) -> list[tuple[str, Any]]:
+def located_records(path: str | Path) -> list[tuple[str, Any]]:
     """``(where, record)`` of every record at ``path``: ``FILE:LINE`` of a JSON line, ``FILE row N`` of a parquet
     row."""
     path = Path(path)

@@ -383,10 +383,11 @@ def _record_samples(data: PasskeyData, tokenizer) -> tuple[list[dict], list[Pass
     """The records of ``data.records`` and their samples (chat-template prompt + answer + EOS, at most
     ``max_length``)."""
     from elastic_bench.training.engine import tokenize
-    from elastic_bench.training.records import read_examples, read_records
+    from elastic_bench.training.records import located_records, to_example
 
-    records = read_records(data.records)
-    examples = read_examples(data.records)
+    located = located_records(data.records)  # read once: the records and their places, for a bad record's message
+    records = [record for _, record in located]
+    examples = [to_example(record, where) for where, record in located]
     if not examples:
         raise ValueError(f"--records {data.records} holds no records")
     categories = sorted({e.category for e in examples})
