@@ -214,6 +214,77 @@ def test_length_padding_for_compiled_backends_changes_nothing(tmp_path, monkeypa
         torch.testing.assert_close(padded.routers.state_dict()[key], value, rtol=1e-5, atol=1e-6)
 
 
+def _masked_sdpa(calls):
+    """A stand-in for compiled FlexAttention on the CPU (which has no flex backward): SDPA under the block mask's
+    mask_mod evaluated densely, so the packed path's masks decide what each query sees."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    def attend(q, k, v, mask, scale):
+        calls.append(q.shape[2])
+        group = q.shape[1] // k.shape[1]
+        dense = create_mask(mask.mask_mod, 1, 1, q.shape[2], k.shape[2], device=q.device)
+        k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense, scale=scale)
+
+    return attend
+
+
+@pytest.mark.parametrize("granularity", ["token", "block"])
+def test_a_packed_row_attended_whole_trains_the_routers_of_the_per_sample_path(tmp_path, monkeypatch, granularity):
+    """On ``flex`` a packed row's samples are pooled, routed and attended in one call per layer (document masks,
+    `Elastic.attend_row`); it must train the routers the per-sample path trains (``reference``), gradients through
+    the decisions included."""
+    from elastic_bench.kernels import hybrid
+    from elastic_bench.kernels.hybrid import flex
+    from elastic_bench.kernels.hybrid.naive import naive_hybrid_attention
+
+    calls: list[int] = []
+    monkeypatch.setitem(hybrid._BACKENDS, "flex", hybrid.Backend("flex", naive_hybrid_attention, lambda d: True, 10))
+    monkeypatch.setattr(flex, "flex_masked_attention", _masked_sdpa(calls))
+    attention = ModeConfig(sink=4, local=40, granularity=granularity, block_size=16)
+    per_sample = train(config(steps=2, attention=attention, center_features=True), options(tmp_path / "a"),
+                       loaded=fresh_model())
+    whole = train(config(steps=2, attention=attention, center_features=True, backend="flex"),
+                  options(tmp_path / "b"), loaded=fresh_model())
+    assert calls and all(length % 16 == 0 for length in calls)  # the packed path ran, on padded rows
+    for a, b in zip(per_sample.log, whole.log):
+        assert b["lm_loss"] == pytest.approx(a["lm_loss"], rel=1e-4)
+        assert b["omega_msr"] == pytest.approx(a["omega_msr"])
+        assert b["router_grad_norm"] == pytest.approx(a["router_grad_norm"], rel=1e-3)
+    for key, value in per_sample.routers.state_dict().items():
+        torch.testing.assert_close(whole.routers.state_dict()[key], value, rtol=1e-4, atol=1e-5)
+
+
+def test_document_masks_classify_blocks_as_their_mask_mod_does():
+    """A block the mask lists as full has every pair visible; a block it leaves out has none (packed samples,
+    padding after them, full and streaming branches of both granularities)."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    from elastic_bench.kernels import StreamingGeometry
+    from elastic_bench.kernels.hybrid.flex import document_block_mask
+
+    bs = 16
+    for geometry in (None, StreamingGeometry(4, 40, "token"), StreamingGeometry(16, 48, "block")):
+        for bounds, length in (([0, 37, 100, 101, 180], 208), ([0, 64, 128], 128), ([0, 5, 300], 304)):
+            mask = document_block_mask(bounds, length, geometry, bs, "cpu")
+            n = length // bs
+            pairs = create_mask(mask.mask_mod, 1, 1, length, length, device="cpu")[0, 0]
+            blocks = pairs.view(n, bs, n, bs).permute(0, 2, 1, 3).flatten(2)
+            listed = {}
+            for name, num, idx in (("full", mask.full_kv_num_blocks, mask.full_kv_indices),
+                                   ("partial", mask.kv_num_blocks, mask.kv_indices)):
+                table = torch.zeros(n, n, dtype=torch.bool)
+                for r in range(n):
+                    table[r, idx[0, 0, r, : num[0, 0, r]].long()] = True
+                listed[name] = table
+            assert not (listed["full"] & listed["partial"]).any()
+            assert blocks.all(-1)[listed["full"]].all()
+            assert not blocks.any(-1)[~(listed["full"] | listed["partial"])].any()
+            # each sample's tokens see only their own sample's earlier tokens
+            doc = torch.searchsorted(torch.tensor([*bounds[1:], length]), torch.arange(length), right=True)
+            assert not pairs[doc[:, None] != doc[None, :]].any()
+
+
 def test_interrupted_run_resumes_to_the_same_routers(tmp_path, monkeypatch):
     import elastic_bench.method.trainer as trainer
 

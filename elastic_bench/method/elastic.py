@@ -154,6 +154,7 @@ class Elastic(Method):
         self._decided: dict[int, dict[int, torch.Tensor]] = {}  # layer -> sample -> [H] bool (full side)
         self._sparse_side = self._routed = 0
         self._shard = None  # the model's tensor-parallel shard, set by setup()
+        self._row_layout = None  # (key, RowLayout) of the packed training row being attended (`attend_row`)
 
     def label(self, base: dict[str, Any] | None = None, tag: str | None = None) -> str:
         """`Method.label`, a router path shortened to its last component."""
@@ -262,6 +263,7 @@ class Elastic(Method):
 
     def teardown(self, model: nn.Module) -> None:
         self._decided.clear()
+        self._row_layout = None
 
     # ---- planning ------------------------------------------------------------------------------------------------
 
@@ -337,6 +339,49 @@ class Elastic(Method):
         G = q.shape[1] // k.shape[1]
         z = r.repeat_interleave(G, dim=1)[:, :, None, None].to(full.dtype)  # [1, Hq, 1, 1]
         return (sparse + z * (full - sparse))[:, :, : call.query.shape[2]]
+
+    def attend_row(self, call: AttentionCall, bounds: list[int], scale: float | None,
+                   backend: str) -> torch.Tensor | None:
+        """A packed training row in one call on ``flex`` (FA-SSA, unchunked streaming, no learned sinks): every
+        sample's router pools its own prompt keys, its decisions go into the route as `_training_plan` records them,
+        and both branches run once over the whole row under masks that keep the samples apart (`RowLayout`, built
+        once per row). None elsewhere: the glue then routes and attends sample by sample."""
+        from elastic_bench.training.engine import compile_length
+
+        from .packed_rows import RowLayout
+        from .relaxation import relax
+
+        modes, route = self.routers.config.attention, call.training_route
+        if (backend != "flex" or Mode.BLOCK_SPARSE in modes.sides or call.sinks is not None
+                or call.value.shape[-1] != call.key.shape[-1]):
+            return None
+        q, k, v = call.query, call.key, call.value
+        length = k.shape[2]
+        padded = compile_length(length, modes.block_size)
+        router = self.routers[call.layer_idx]
+        with_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        key = (tuple(bounds), tuple(route.prompt_lens), padded, route.pooling, q.device, with_grad)
+        if self._row_layout is None or self._row_layout[0] != key:
+            layout = RowLayout.of(bounds, list(route.prompt_lens), padded,
+                                  lambda n: router.pool_weights(n, route.pooling), modes.geometry, modes.block_size,
+                                  q.device, with_grad)
+            self._row_layout = (key, layout)
+        layout = self._row_layout[1]
+        samples = len(bounds) - 1
+        logits = router.classify(layout.pooled(call.pre_rope_keys, samples))  # [N, H, 2]
+        noise = route.noise[:, self.routers.position[call.layer_idx]].to(logits.device)  # [N, H, 2]
+        r = relax(logits, noise, route.tau)  # [N, H], hard forward, soft gradient
+        for sample in range(samples):
+            route.decisions[(sample, call.layer_idx)] = r[sample]
+        if padded > length:
+            q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, padded - length)) for x in (q, k, v))
+        from elastic_bench.kernels.hybrid.flex import flex_masked_attention
+
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        full = flex_masked_attention(q, k, v, layout.full_mask, scale)
+        sparse = flex_masked_attention(q, k, v, layout.sparse_mask, scale)
+        z = layout.per_token(r, q.shape[1] // k.shape[1]).to(full.dtype)  # [1, Hq, T', 1]
+        return (sparse + z * (full - sparse))[:, :, :length]
 
     def extra_stats(self) -> dict[str, Any]:
         """``router_sparse_fraction``: share of (prompt, layer, KV head) decisions routed to the sparse side (router

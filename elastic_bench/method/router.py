@@ -94,9 +94,21 @@ class AttentionRouter(nn.Module):
             keys = torch.cat([keys[:, :, :n], keys[:, :, -n:]], dim=2)
         return keys.float().mean(dim=2)
 
+    def pool_weights(self, prompt_len: int, pooling: Pooling | None = None) -> tuple[int, int, float]:
+        """How `pool` weighs a prompt of ``prompt_len`` keys: ``(first, last, weight)``: its first ``first`` and last
+        ``last`` keys (overlapping where the prompt is short) each count ``weight``, the pooled key being their
+        weighted sum."""
+        if (pooling or self.pooling) == "boundary":
+            n = min(self.pool_tokens, prompt_len)
+            return n, n, 1.0 / (2 * n)
+        return prompt_len, 0, 1.0 / prompt_len
+
     def forward(self, keys: torch.Tensor, pooling: Pooling | None = None) -> torch.Tensor:
         """Logits ``[B, H, num_logits]`` for the pre-RoPE keys ``[B, H, S, D]`` of each prompt."""
-        pooled = self.pool(keys, pooling)
+        return self.classify(self.pool(keys, pooling))
+
+    def classify(self, pooled: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, H, num_logits]`` of pooled keys ``[B, H, D]`` (float32; `pool`'s)."""
         if self.feature_mean is not None:
             pooled = pooled - self.feature_mean
         return self.cls_router_head_agnostic(self.cls_feat_extractor(pooled))

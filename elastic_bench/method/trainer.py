@@ -80,6 +80,7 @@ from .data import (
 from .modes import ModeConfig
 from .objective import LagrangeMultipliers, omega_msr, sparsity_penalty
 from .relaxation import gumbel_noise, temperature
+from .step_cost import StepCost
 
 
 @dataclass
@@ -311,11 +312,13 @@ def _train(config: RouterTrainConfig, options: RunOptions, loaded: tuple[nn.Modu
 
     method = Elastic()
     method.routers = bank
+    cost = StepCost.of(model, layers, config.attention.geometry, config.attention.block_size,
+                       config.gradient_checkpointing)  # before sharding
     loss_model = LossModel(model)
     if ranks.world_size > 1:
         shard(loss_model, model, device)
     objective = RouterObjective(config, options.output, bank, lambdas, loss_model, rows, categories,
-                                (layers, kv_heads), device, ranks, data)
+                                (layers, kv_heads), device, ranks, data, cost)
     with apply(method, model, backend=backend) as handle:
         objective.handle = handle
         run = fit(objective, options, config.steps, fingerprint(config.to_dict()), ranks, desc="train-router")
@@ -353,14 +356,16 @@ class RouterObjective(Objective):
         device: the backbone's device.
         ranks: this process among the ranks.
         data: the ``data`` block of the routers' provenance (`elastic_bench.method.data.data_provenance_of`).
+        cost: the FLOPs of a row (`StepCost`), logged per step beside its seconds.
 
     ``handle`` (the `elastic_bench.modeling.attention.apply` handle of the `Elastic` method) is set before `fit` runs.
     """
 
     def __init__(self, config: RouterTrainConfig, output: str, bank: RouterBank, lambdas: LagrangeMultipliers,
                  loss_model: LossModel, rows: list[PackedRow], categories: list[str], layout: tuple[int, int],
-                 device: torch.device, ranks: Ranks, data: dict[str, Any]):
+                 device: torch.device, ranks: Ranks, data: dict[str, Any], cost: StepCost):
         self.config, self.output, self.bank, self.lambdas, self.loss_model = config, output, bank, lambdas, loss_model
+        self.cost = cost
         self.data = data
         self.categories, self.device, self.ranks = categories, device, ranks
         self.modules = {"routers": bank, "lambdas": lambdas}
@@ -393,9 +398,11 @@ class RouterObjective(Objective):
         self.tau = tau = temperature(step, config.steps, config.tau_schedule, config.tau_init, config.tau_min,
                                      config.tau_rate)
         self.tally = tally = torch.zeros(3 + 2 * k, dtype=torch.float64)  # lm, penalty, rows, Ω sum/count
+        self.tokens = sum(len(row.input_ids) for row, _ in batch)
+        self.flops = sum(self.cost.row((row.cu_seqlens[1:] - row.cu_seqlens[:-1]).tolist()) for row, _ in batch)
         for row, noise in batch:
             self.handle.reset()
-            route = TrainingRoute(tau, noise, row.prompt_lens, config.train_pooling)
+            route = TrainingRoute(tau, noise.to(self.device), row.prompt_lens, config.train_pooling)  # one copy
             with autocast(self.device):
                 loss_sum, count = self.loss_model(*row_inputs(row, self.device), training_route=route)
             omega = omega_msr(route.stacked(self.bank.config.routed_layers))
@@ -411,7 +418,8 @@ class RouterObjective(Objective):
             tally[3 + k:].index_add_(0, row.categories, torch.ones_like(hard))
 
     def record(self, step: int, seconds: float) -> dict[str, Any]:
-        tally, k = self.tally, len(self.categories)
+        k = len(self.categories)
+        tally = torch.cat([self.tally, torch.tensor([float(self.tokens), self.flops], dtype=torch.float64)])
         if self.ranks.world_size > 1:
             tally = _all_reduce_sum(tally, self.device)
         rows = max(1.0, float(tally[2]))
@@ -424,6 +432,8 @@ class RouterObjective(Objective):
                           for i, c in enumerate(self.categories) if tally[3 + k + i]},
             **self.lambdas.table(self.categories),
             "seconds": time.perf_counter() - self.began,
+            "tokens": int(tally[-2]),  # in the step's rows, over all ranks
+            "flops": float(tally[-1]),  # of the step (`StepCost`): its ceiling is these at the device's peak
         }
         if self.device.type == "cuda":
             record["max_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30

@@ -171,6 +171,14 @@ class MethodHandle:
         self.time_parts = time_parts
         self.parts: list[PartTimer] = []  # the part timers of the prefill forwards since the last reset
         self._timing = ExitStack()  # the running prefill's part timer and model hooks, closed by `end_forward`
+        self._host_bounds: tuple[torch.Tensor, list[int]] | None = None  # see `_bounds`
+
+    def _bounds(self, cu_seq_lens: torch.Tensor) -> list[int]:
+        """A packed forward's ``cu_seq_lens`` on the host, read once per forward: every layer gets the same tensor
+        (and a layer recomputed in backward gets it again), so one device synchronisation serves them all."""
+        if self._host_bounds is None or self._host_bounds[0] is not cu_seq_lens:
+            self._host_bounds = (cu_seq_lens, cu_seq_lens.tolist())
+        return self._host_bounds[1]
 
     def reset(self) -> None:
         """Forget the samples recorded so far (call between prompts)."""
@@ -312,7 +320,15 @@ class MethodHandle:
     def _attend(self, module, query, key, value, mask, scaling, kwargs) -> torch.Tensor:
         keys = _pre_rope_keys(module) if self.method.needs_pre_rope_keys else None
         route, sinks = kwargs.get("training_route"), kwargs.get("s_aux")
-        pieces = _pieces(query, key, mask, kwargs)
+        cu_seq_lens = kwargs.get("cu_seq_lens_q")
+        if route is not None and cu_seq_lens is not None and self.kinds[module.layer_idx].routable:
+            bounds = self._bounds(cu_seq_lens)  # a packed training row: one call where the method attends it whole
+            whole = AttentionCall(module, query, key, value, keys, list(range(len(bounds) - 1)), route, sinks)
+            backend = resolve_backend(self.backend, query.device, key.shape[2])
+            out = self.method.attend_row(whole, bounds, scaling, backend)
+            if out is not None:
+                return out
+        pieces = _pieces(query, key, mask, kwargs, self._bounds)
         if pieces is None:
             call = AttentionCall(module, query, key, value, keys, list(range(query.shape[0])), route, sinks)
             return self._compute(call, scaling)
@@ -336,12 +352,13 @@ class MethodHandle:
         with part("routing"):
             plan = window_plan(kind, call.batch_size, call.num_kv_heads) if own else self.method.plan(call)
         backend = resolve_backend(self.backend, call.query.device, call.key.shape[2])  # what `auto` runs for this call
-        if call.phase != "decode":
+        if call.phase != "decode" and call.training_route is None:  # a training forward is not metered
             q, k, v = call.query, call.key, call.value
             with part("accounting"):
                 counts = pair_counts(plan, q.shape[2], k.shape[2], q.shape[1])
                 self.meter.record(call.layer_idx, call.phase, call.sample_ids, plan, counts, own=own,
                                   pair_flops=pair_flops(q.shape[1], k.shape[1], k.shape[-1], v.shape[-1]))
+        if call.phase != "decode":
             self.prefill_backends[backend] += 1
         with part("attention"):
             if own:
@@ -360,15 +377,16 @@ def window_plan(kind: LayerKind, batch_size: int, num_kv_heads: int) -> HeadPlan
     return HeadPlan.uniform(Mode.STREAMING, batch_size, num_kv_heads, streaming=geometry)
 
 
-def _pieces(query, key, mask, kwargs) -> list[tuple[int, int, slice, slice]] | None:
-    """Split a padded or packed batch into (sample, row, query slice, key slice) pieces; None for a plain batch."""
+def _pieces(query, key, mask, kwargs, host_bounds) -> list[tuple[int, int, slice, slice]] | None:
+    """Split a padded or packed batch into (sample, row, query slice, key slice) pieces; None for a plain batch.
+    ``host_bounds``: a packed batch's ``cu_seq_lens`` tensor → the same on the host (`MethodHandle._bounds`)."""
     B, _, Lq, _ = query.shape
     Lk = key.shape[2]
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is not None:
-        if B != 1 or Lq != Lk or not torch.equal(cu_q, cu_k):
+        if B != 1 or Lq != Lk or not (cu_q is cu_k or torch.equal(cu_q, cu_k)):
             raise ValueError("packed sequences (cu_seq_lens_q/k) are supported for a one-shot prefill of batch 1")
-        bounds = cu_q.tolist()
+        bounds = host_bounds(cu_q)
         return [(i, 0, slice(s, e), slice(s, e)) for i, (s, e) in enumerate(zip(bounds[:-1], bounds[1:]))]
     if mask is None:
         return None

@@ -139,6 +139,22 @@ class Method:
         methods keep the default."""
         return hybrid_attention(call.query, call.key, call.value, plan, scale=scale, backend=backend, sinks=call.sinks)
 
+    def attend_row(self, call: AttentionCall, bounds: list[int], scale: float | None,
+                   backend: str) -> torch.Tensor | None:
+        """A training forward's packed row in one call, or None (the default): the glue then plans and attends each
+        sample of the row apart (`prefill_plan`, then `attend`, per sample).
+
+        Args:
+            call: the whole row: ``query [1, Hq, T, D]``, ``key``/``value [1, H, T, D]``, ``pre_rope_keys [1, H, T,
+                D]`` (if the method needs them), ``sample_ids`` ``0 … N − 1``, the ``training_route``.
+            bounds: ``[N + 1]`` sample boundaries within the row (its ``cu_seq_lens``), on the host.
+            scale, backend: as for `attend`.
+
+        Returns:
+            ``[1, Hq, T, Dv]``, each sample's tokens attending only its own earlier tokens, as the per-sample path
+            computes them; None where the method has no such path for this call (backend, mode)."""
+        return None
+
     def extra_stats(self) -> dict[str, Any]:
         """Method-specific statistics merged into `MethodHandle.stats` (e.g. realised sparsity of a gate file)."""
         return {}

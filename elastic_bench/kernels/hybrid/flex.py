@@ -21,7 +21,7 @@ import importlib.util
 
 import torch
 
-from ..plan import HeadPlan, Mode
+from ..plan import HeadPlan, Mode, StreamingGeometry
 from .fused import streaming_params
 
 
@@ -133,4 +133,68 @@ def flex_hybrid_attention(
     if mask is None:
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         mask = block_mask(plan, q.shape[1], q.shape[2], k.shape[2], q.device, with_grad=grad)
+    return flex_masked_attention(q, k, v, mask, scale)
+
+
+def document_block_mask(bounds: list[int], length: int, streaming: StreamingGeometry | None, block_size: int, device,
+                        with_grad: bool = False):
+    """FlexAttention `BlockMask` of a packed row whose documents attend only themselves: causal attention inside
+    each document (``streaming`` None), or a STREAMING head's sink and window counted from the document's start.
+
+    Args:
+        bounds: ``[N + 1]`` document boundaries on the host (``cu_seq_lens``: 0 first, ascending); the tokens from
+            ``bounds[-1]`` to ``length`` (padding) form one more document.
+        length: the row's tokens, padding included.
+        streaming: an unchunked streaming geometry, or None for full attention.
+        block_size: the mask's block size.
+
+    Returns:
+        ``BlockMask`` of one row and one head (every head shares it), ``[1, 1, n, n]`` block lists with ``n =
+        ceil(length / block_size)``. Blocks inside one document are classified exactly as `build_block_mask` does
+        for a lone sequence; a block pair spanning a document boundary is partial (its mask_mod decides).
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    if streaming is not None and streaming.chunk_starts:
+        raise ValueError("document_block_mask takes an unchunked streaming geometry")
+    edges = torch.tensor([*bounds[1:], length], dtype=torch.int32, device=device)
+    pos = torch.arange(length, dtype=torch.int32, device=device)
+    doc = torch.searchsorted(edges, pos, right=True).to(torch.int32)  # [length]: its document
+    start = torch.cat([torch.zeros(1, dtype=torch.int32, device=device), edges])[doc]  # [length]: its document's start
+    if streaming is None:
+        sink, quantum, back = length, 1, length  # every earlier key of the document
+    else:
+        sink, (quantum, back) = streaming.sink_end(block_size), streaming.window_steps(block_size)
+    n = -(-length // block_size)
+    first = torch.arange(n, dtype=torch.int32, device=device) * block_size
+    last = torch.clamp(first + block_size, max=length) - 1
+    d0, d1, s0 = doc[first.long()], doc[last.long()], start[first.long()]
+    p0, p1 = (first - s0)[:, None], (last - s0)[:, None]  # query block rows, positions in their first document
+    k0, k1 = first[None, :] - s0[:, None], last[None, :] - s0[:, None]  # key block columns, in that document
+    single = (d0 == d1)[:, None] & (d0 == d1)[None, :] & (d0[:, None] == d0[None, :])
+    overlap = torch.maximum(d0[:, None], d0[None, :]) <= torch.minimum(d1[:, None], d1[None, :])
+    w0 = torch.clamp((p0 // quantum - back) * quantum, min=0)
+    w1 = torch.clamp((p1 // quantum - back) * quantum, min=0)
+    some_inside = (k0 <= p1) & ((k0 < sink) | (k1 >= w0))
+    every = single & (k1 <= p0) & ((k1 < sink) | (k0 >= w1))
+    some = torch.where(single, some_inside, overlap & (first[None, :] <= last[:, None]))
+    partial_num, partial_idx = _ordered((some & ~every)[None, None])
+    full_num, full_idx = _ordered(every[None, None])
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        origin = start[q_idx]
+        rel_q, rel_k = q_idx - origin, kv_idx - origin
+        window = (rel_q // quantum - back) * quantum
+        return (doc[q_idx] == doc[kv_idx]) & (kv_idx <= q_idx) & ((rel_k < sink) | (rel_k >= window))
+
+    return BlockMask.from_kv_blocks(
+        partial_num, partial_idx, full_num, full_idx, BLOCK_SIZE=block_size, mask_mod=mask_mod,
+        seq_lengths=(length, length), compute_q_blocks=with_grad,
+    )
+
+
+def flex_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: float) -> torch.Tensor:
+    """Compiled `flex_attention` of ``q [B, Hq, L, D]`` over ``k, v [B, H, L, D]`` under a prebuilt ``mask`` (e.g.
+    `document_block_mask`); differentiable in q, k and v. Returns ``[B, Hq, L, D]``; a query row with no visible key
+    is zero."""
     return _compiled_flex()(q, k, v, block_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
