@@ -10,7 +10,7 @@ import pytest
 
 from elastic_bench import tasks
 from elastic_bench.modeling.loading import byte_tokenizer
-from elastic_bench.tasks.code_completion import is_test, torch_corpus
+from elastic_bench.tasks.code_completion import is_test, string_lines, torch_corpus
 from elastic_bench.tasks.longbench import official_config
 
 
@@ -43,6 +43,7 @@ def test_samples_fit_the_length_are_seeded_and_ask_for_the_next_line_of_a_torch_
         lines = _torch_file(meta["file"])
         answer = lines[meta["line"] - 1]
         assert sample.references == [answer.rstrip()] and answer.strip() and not answer.lstrip().startswith("#")
+        assert meta["line"] not in string_lines("\n".join(lines))  # code, not a docstring's text
         above = lines[max(0, meta["line"] - 1 - meta["context_lines"]) : meta["line"] - 1]
         assert text.removesuffix(tail).endswith("\n".join(line.rstrip() for line in above) + "\n")
         assert not is_test(meta["file"]) and meta["file"].startswith("torch/")
@@ -65,6 +66,8 @@ def test_lcc_scoring_and_a_length_too_short(tok):
 
 
 def test_the_corpus_leaves_out_tests_and_the_mixed_suite_group():
+    source = 'def f():\n    """Doc\n    more."""\n    x = f"""a\nb"""\n    return x  # """\n'
+    assert string_lines(source) == {2, 3, 5} and string_lines("def (") == frozenset()
     assert is_test("torch/testing/_internal/common_utils.py") and is_test("torch/nn/test_x.py")
     assert not is_test("torch/_dynamo/testing.py")
     corpus = torch_corpus()

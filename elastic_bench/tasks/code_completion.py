@@ -8,14 +8,15 @@ Design decisions:
   line (`elastic_bench.tasks.python_source`). Left out: test files (a ``testing`` folder, ``test_*.py``) and files
   that are not UTF-8 or hold a line longer than `LONGEST_LINE` characters. Read once per process (`torch_corpus`).
   Each sample records the corpus it read (``corpus``: ``torch-<version>``, ``corpus_digest``: of the stream read).
-- Sample ``index`` for a seed: an answer line drawn uniformly over the corpus's answer lines, seeded by (seed,
-  index); the context is the largest run of lines ending just before it that keeps the prompt within ``length −
+- Sample ``index`` for a seed: an answer line drawn uniformly over the corpus's lines that may be asked for, seeded by
+  (seed, index); the context is the largest run of lines ending just before it that keeps the prompt within ``length −
   64`` tokens (`elastic_bench.tasks.ruler.largest_fitting`), crossing into the preceding files (after their
   ``# file:`` line) where the answer's own file is too short. The answer is that line as the file has it, its
   indentation kept (LongBench's lcc references keep theirs, and a model continuing the indented context writes it):
   a non-empty line that is not a comment, so the next such line after the context.
-- An answer line holds no backtick, ``#`` or ``//`` (Python's floor division): LongBench's code similarity scores the
-  first prediction line without them, so a prediction of such a line would be scored by the line after it.
+- An answer line is code: not in a docstring or inside a string spanning lines (`string_lines`, by Python's own
+  parser), and it holds no backtick, ``#`` or ``//`` (Python's floor division): LongBench's code similarity scores
+  the first prediction line without them, so a prediction of such a line would be scored by the line after it.
 - Prompt, budget and score are LongBench's for lcc: ``dataset2prompt["lcc"]`` with the context, no chat template,
   ``dataset2maxlen["lcc"]`` (64) new tokens, `elastic_bench.tasks.longbench.score` with ``"lcc"`` (fuzzy similarity
   of the first prediction line without a comment to the gold line). Unlike LongBench no middle truncation: the
@@ -24,6 +25,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -57,7 +59,6 @@ class Corpus:
         paths: each file's path, ``torch/...``, in stream order.
         starts: ``(files,)`` int64: the index in ``lines`` of each file's ``# file:`` line.
         lines: every line of the stream.
-        answers: ``(answer lines,)`` int64: the indices in ``lines`` of the lines a sample may ask for.
     """
 
     name: str
@@ -65,18 +66,45 @@ class Corpus:
     paths: tuple[str, ...]
     starts: np.ndarray
     lines: tuple[str, ...]
-    answers: np.ndarray
 
-    def locate(self, index: int) -> tuple[str, int]:
-        """The file of line ``index`` of the stream and its line number there (1-based)."""
+    def locate(self, index: int) -> tuple[int, int]:
+        """The file (its index in ``paths``) of line ``index`` of the stream and its line number there (1-based)."""
         file = int(np.searchsorted(self.starts, index, side="right")) - 1
-        return self.paths[file], index - int(self.starts[file])
+        return file, index - int(self.starts[file])
+
+    def source(self, file: int) -> str:
+        """The text of file ``file`` (its lines as the stream holds them)."""
+        end = int(self.starts[file + 1]) if file + 1 < len(self.starts) else len(self.lines)
+        return "\n".join(self.lines[int(self.starts[file]) + 1 : end])
 
 
 def is_test(path: str) -> bool:
     """Whether a package-relative path is a test file: under a ``testing`` folder, or named ``test_*.py``."""
     *folders, name = path.split("/")
     return "testing" in folders or name.startswith("test_")
+
+
+def string_lines(source: str) -> frozenset[int]:
+    """The line numbers (1-based) of ``source`` that are text of a string rather than code: every line of a
+    statement that is a string alone (a docstring), and the lines after the first of any string spanning several;
+    none for source that does not parse."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return frozenset()
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            inside.update(range(node.lineno, node.end_lineno + 1))
+        elif isinstance(node, ast.JoinedStr) or isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)):
+            inside.update(range(node.lineno + 1, node.end_lineno + 1))
+    return frozenset(inside)
+
+
+@lru_cache(maxsize=1024)
+def prose(file: int) -> frozenset[int]:
+    """`string_lines` of file ``file`` of `torch_corpus`."""
+    return string_lines(torch_corpus().source(file))
 
 
 def is_answer(line: str) -> bool:
@@ -102,11 +130,11 @@ def torch_corpus() -> Corpus:
     files = python_source.read_files(root, paths, LONGEST_LINE)
     lines = python_source.stream(files)
     starts = np.cumsum([0] + [len(text) + 1 for _, text in files[:-1]], dtype=np.int64)
-    answers = np.fromiter((i for i, line in enumerate(lines) if is_answer(line)), dtype=np.int64)
-    if not len(answers):
+    if not files:
         raise FileNotFoundError(f"code_completion reads the torch package's .py files, and {package} holds none")
     digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
-    return Corpus(f"torch-{importlib.metadata.version('torch')}", digest, tuple(path for path, _ in files), starts, lines, answers)
+    name = f"torch-{importlib.metadata.version('torch')}"
+    return Corpus(name, digest, tuple(path for path, _ in files), starts, lines)
 
 
 @register("code_completion")
@@ -130,7 +158,11 @@ class CodeCompletion(Task):
         result = []
         for index in range(SAMPLES if limit is None else limit):
             rng = random.Random(f"code_completion:{seed}:{index}")
-            answer = int(corpus.answers[rng.randrange(len(corpus.answers))])
+            while True:  # drawn uniformly over the lines that may be asked for
+                answer = rng.randrange(len(corpus.lines))
+                file, line = corpus.locate(answer)
+                if is_answer(corpus.lines[answer]) and line not in prose(file):
+                    break
 
             def fits(units: int, answer: int = answer) -> bool:
                 return units <= answer and len(encode(answer, units)) + budget <= length
@@ -140,9 +172,8 @@ class CodeCompletion(Task):
                     f"{self.name}: a target length of {length} tokens is too short: a prompt with one line of code "
                     f"needs {len(encode(answer, 1)) + budget} tokens with this tokenizer, answer budget included")
             hint = largest_fitting(fits, 1, None, hint)
-            path, line = corpus.locate(answer)
             metadata = {"category": "robust", "length": length, "corpus": corpus.name,
-                        "corpus_digest": corpus.digest, "file": path, "line": line, "context_lines": hint}
+                        "corpus_digest": corpus.digest, "file": corpus.paths[file], "line": line, "context_lines": hint}
             result.append(Sample(f"{index}", encode(answer, hint), budget, [corpus.lines[answer]], metadata))
         return result
 
