@@ -140,3 +140,29 @@ def test_learned_files_without_provenance_read_as_unknown_and_a_malformed_one_is
     (gates / "full_attention_heads.tsv").write_text("1\t0\n")
     (gates / "config.json").write_text(json.dumps({"trainer": "train-duo"}))
     assert gate_provenance(gates) is None
+
+
+def test_a_router_trained_on_the_default_records_is_held_out_for_the_mixed_suite():
+    """The default records share no identity with code_completion, and the held-out check `run` makes lets a router
+    trained on them be scored on every task of the mixed suite (and refuses one trained on torch's source)."""
+    from pathlib import Path
+
+    from elastic_bench import get_method
+    from elastic_bench.evaluation.held_out import in_distribution, refuse_in_distribution
+    from elastic_bench.method.data import data_provenance_of
+    from elastic_bench.modeling.loading import byte_tokenizer
+    from elastic_bench.training.make_records import router_records
+
+    default = [make_task(name, GeneratedText()) for name in DEFAULT_TASKS]
+    assert not set().union(*(task.identities for task in default)) & _identities("code_completion")
+    records = list(router_records(byte_tokenizer(), [1024], 3, default))  # 3 per category: every task
+    assert {r["task"] for r in records} == set(DEFAULT_TASKS)
+    router = learned_provenance(data_provenance_of("records", None, records, [1024]), 2, 2048)
+    suite = {name: _identities(name) for name in tasks.expand(["mixed_suite"])}
+    assert list(suite) == ["ruler_niah_single_1", "ruler_vt", "code_completion"]
+    method = get_method("elastic")
+    refuse_in_distribution(method, {"router": (Path("router"), router)}, suite)  # raises nothing: held out
+    assert all(in_distribution({"router": router}, identities) == [] for identities in suite.values())
+    router["data"]["identities"].append("dataset:python_source.torch")
+    with pytest.raises(ValueError, match="shares dataset:python_source.torch with the task code_completion"):
+        refuse_in_distribution(method, {"router": (Path("router"), router)}, suite)

@@ -48,6 +48,8 @@ BENCHMARKS = (
               "code MIT; data: each source's own terms (KILT, MS MARCO, TREC, Banking77, CLINC150, NLU Evaluation "
               "Data, ∞Bench)"),
     Benchmark("testbed", "testbed_", "this package's testbed generators", "Apache-2.0"),
+    Benchmark("Code completion", "code_completion", "LongBench lcc's prompt and code_sim_score over the Python source "
+              "of the installed torch package", "torch's BSD-3-Clause (read in place, nothing shipped)"),
     Benchmark("HELMET NarrativeQA, ∞Bench En.QA", None, "princeton-nlp/HELMET", "code MIT",
               "scored by a GPT-4o judge in HELMET (NarrativeQA's demonstrations are also drawn unseeded)"),
     Benchmark("LongBench Pro T4 summaries", None, "caskcsg/LongBench-Pro", "Apache-2.0",

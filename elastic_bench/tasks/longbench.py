@@ -77,7 +77,8 @@ def middle_truncate(tokenizer, prompt: str, max_length: int) -> str:
 
 
 @lru_cache(maxsize=1)
-def _config() -> tuple[dict[str, str], dict[str, int]]:
+def official_config() -> tuple[dict[str, str], dict[str, int]]:
+    """LongBench's ``dataset2prompt`` (dataset → prompt template) and ``dataset2maxlen`` (dataset → new tokens)."""
     folder = resources.files(__package__) / "data" / "longbench"
     prompts = json.loads((folder / "dataset2prompt.json").read_text(encoding="utf-8"))
     budgets = json.loads((folder / "dataset2maxlen.json").read_text(encoding="utf-8"))
@@ -175,7 +176,7 @@ class LongBench(Task):
             raise LengthTooShortError(f"{self.name}: a target length of {length} tokens is too short: LongBench "
                                       f"truncates prompts to length − {TRUNCATION_MARGIN}, so it needs at least "
                                       f"{TRUNCATION_MARGIN + 2} tokens")
-        prompts, budgets = _config()
+        prompts, budgets = official_config()
         records = load_records(self.stem, self.data_dir)
         chat = False if self.dataset in NO_CHAT_DATASETS else None
         stop, min_new = [], 0

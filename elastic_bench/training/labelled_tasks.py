@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from elastic_bench.tasks import python_source
+
 from . import world
 from .record_text import RecordTask, TextTask, insert, render, sentences
 
@@ -117,18 +119,11 @@ def stdlib_lines() -> tuple[str, ...]:
         FileNotFoundError: the interpreter ships no ``.py`` files of its standard library.
     """
     folder = Path(sysconfig.get_paths()["stdlib"])
-    lines: list[str] = []
-    for file in sorted(folder.glob("*.py")):
-        try:
-            module = [line.rstrip() for line in file.read_text(encoding="utf-8").splitlines()]
-        except (UnicodeDecodeError, OSError):
-            continue
-        if module and max(map(len, module)) <= LONGEST_CODE_LINE:
-            lines += [f"# file: {file.name}", *module]
+    lines = python_source.stream(python_source.read_files(folder, sorted(folder.glob("*.py")), LONGEST_CODE_LINE))
     if not any(line.strip() for line in lines):
         raise FileNotFoundError(f"the code records read the Python standard library's .py files, and {folder} holds "
                                 "none (a Python without its library's sources)")
-    return tuple(lines)
+    return lines
 
 
 class Code(RecordTask):
